@@ -1,0 +1,21 @@
+"""Names and defaults that the Ray side and the Airflow side must agree on, kept in one place."""
+
+MANIFEST_NAME = "manifest.json"
+"""File name of the result manifest every stage writes into its artifact directory."""
+
+MANIFEST_LOG_MARKER = "RAYML_MANIFEST "
+"""Prefix of the job log line that repeats the manifest, for clusters whose artifact root the
+Airflow worker cannot read."""
+
+STATUS_SUCCEEDED = "succeeded"
+STATUS_FAILED = "failed"
+
+DEFAULT_ARTIFACT_ROOT_ENV = "RAYML_ARTIFACT_ROOT"
+"""Environment variable naming the artifact root when neither the operator nor the connection does."""
+
+JOB_ENV_VARS = {
+    # Ray Train V2 polls its workers every 2 s by default and every report waits for a poll;
+    # 0.1 s cuts 100 XGBoost rounds from 213 s to 22 s on a 2-CPU machine.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+}
+"""Environment every stage job gets in its runtime_env."""

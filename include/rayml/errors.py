@@ -1,0 +1,21 @@
+"""Errors raised by the Ray-side stages. Each message says what to change."""
+
+
+class RayMLError(Exception):
+    """Base class of every error raised on purpose by the Ray-side package."""
+
+
+class SpecError(RayMLError, ValueError):
+    """A stage spec has a missing, unknown or invalid field."""
+
+
+class DataSourceError(RayMLError, ValueError):
+    """A data source cannot be read, or its content is not what the stage needs."""
+
+
+class ArtifactError(RayMLError, OSError):
+    """An artifact cannot be read or written where the spec says it lives."""
+
+
+class ClusterError(RayMLError, RuntimeError):
+    """A local Ray cluster could not be started, reached or stopped."""

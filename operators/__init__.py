@@ -1,0 +1,60 @@
+"""Airflow side of airflow-ray-ml: a provider-style package of hooks, triggers, links and operators.
+
+``get_provider_info`` is what Airflow's ``apache_airflow_provider`` entry point reads: it declares
+the ``ray`` connection type (with its connection-form fields) and the extra links.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def get_provider_info() -> dict:
+    return {
+        "package-name": "airflow-ray-ml",
+        "name": "Ray ML",
+        "description": "Run Ray Data, Train, Tune and Serve stages from Airflow 3 as Ray jobs.",
+        "versions": [__version__],
+        "integrations": [
+            {"integration-name": "Ray", "external-doc-url": "https://docs.ray.io/", "tags": ["software"]}
+        ],
+        "hooks": [{"integration-name": "Ray", "python-modules": ["operators.hooks.ray"]}],
+        "triggers": [{"integration-name": "Ray", "python-modules": ["operators.triggers.ray"]}],
+        "extra-links": ["operators.links.ray.RayJobLink"],
+        "connection-types": [
+            {
+                "hook-class-name": "operators.hooks.ray.RayHook",
+                "hook-name": "Ray",
+                "connection-type": "ray",
+                "conn-fields": {
+                    "dashboard_url": {
+                        "label": "Dashboard URL",
+                        "description": "Address of the Ray dashboard (Jobs and Serve REST API), "
+                        "for example http://127.0.0.1:8265",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "auth_token": {
+                        "label": "Auth token",
+                        "description": "Ray token-auth token; empty means RAY_AUTH_TOKEN or "
+                        "~/.ray/auth_token",
+                        "schema": {"type": ["string", "null"], "format": "password"},
+                    },
+                    "verify_tls": {
+                        "label": "Verify TLS certificates",
+                        "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "artifact_root": {
+                        "label": "Artifact root",
+                        "description": "Where stages write their outputs: a path the cluster can "
+                        "reach, s3://bucket/prefix or gs://bucket/prefix",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login", "port", "extra"],
+                    "relabeling": {"host": "Dashboard URL (alternative)", "password": "Auth token (alternative)"},
+                    "placeholders": {"host": "http://127.0.0.1:8265"},
+                },
+            }
+        ],
+    }

@@ -1,0 +1,25 @@
+"""Errors raised by the Airflow side. Each message says what to do about it."""
+
+
+class RayOperatorError(Exception):
+    """Base class of the errors raised on purpose by the operators, hooks and triggers."""
+
+
+class RayClusterUnreachableError(RayOperatorError, ConnectionError):
+    """The Ray dashboard (Jobs/Serve/State API) did not answer."""
+
+
+class RayAuthError(RayOperatorError, PermissionError):
+    """The Ray cluster rejected the request's auth token."""
+
+
+class RayJobFailedError(RayOperatorError, RuntimeError):
+    """A stage's Ray job ended FAILED or STOPPED, or wrote a failed manifest."""
+
+
+class RayJobTimeoutError(RayOperatorError, TimeoutError):
+    """A stage's Ray job did not finish within the operator's timeout."""
+
+
+class RayManifestError(RayOperatorError, RuntimeError):
+    """A job succeeded but its result manifest could not be read."""

@@ -1,0 +1,30 @@
+"""Extra links shown on Ray tasks in the Airflow UI."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow.sdk import BaseOperatorLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+    from airflow.sdk.types import TaskInstanceKey
+
+RAY_JOB_XCOM_KEY = "ray_job"
+"""XCom key under which a stage operator records ``{"dashboard_url", "submission_id", "job_url"}``."""
+
+
+def job_page_url(dashboard_url: str, submission_id: str) -> str:
+    return f"{dashboard_url.rstrip('/')}/#/jobs/{submission_id}"
+
+
+class RayJobLink(BaseOperatorLink):
+    """Link from a task to its Ray job's page in the Ray dashboard."""
+
+    name = "Ray job"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        record = XCom.get_value(ti_key=ti_key, key=RAY_JOB_XCOM_KEY)
+        return record.get("job_url", "") if isinstance(record, dict) else ""

@@ -1,0 +1,315 @@
+"""The job-submitting core shared by every stage operator.
+
+An operator never preprocesses, trains or serves inside the Airflow worker. It builds a stage spec,
+runs ``python -m rayml.<stage> --spec '<json>'`` as a Ray job with the Ray-side package shipped in
+the job's ``runtime_env``, follows the job (streaming its log into the task log, or deferring to
+:class:`~operators.triggers.ray.RayJobTrigger`), and returns the job's result manifest as the XCom.
+
+Every try of one task run uses the same deterministic submission id, so a retried task re-attaches
+to a RUNNING job, reuses a SUCCEEDED job's manifest, and submits a new job (``-r1``, ``-r2``...)
+only after the previous one FAILED or was STOPPED.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from airflow.sdk import BaseOperator
+
+import rayml
+from rayml import artifacts
+from rayml.constants import JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
+from rayml.errors import RayMLError
+from operators.errors import RayJobFailedError, RayJobTimeoutError, RayManifestError, RayOperatorError
+from operators.hooks.ray import RayHook
+from operators.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
+from operators.links.ray import RAY_JOB_XCOM_KEY, RayJobLink, job_page_url
+from operators.triggers.ray import RayJobTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+DEFAULT_ARTIFACT_ROOT = str(Path.home() / "airflow-ray-ml" / "artifacts")
+RAYML_PACKAGE_DIR = str(Path(rayml.__file__).resolve().parent)
+
+
+def manifest_from_log(log_text: str) -> dict[str, Any] | None:
+    """The manifest a stage repeated on its marked log line (the last one wins), if any."""
+    for line in reversed(log_text.splitlines()):
+        if line.startswith(MANIFEST_LOG_MARKER):
+            try:
+                return json.loads(line[len(MANIFEST_LOG_MARKER) :])
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+class RayJobOperator(BaseOperator):
+    """Run one Ray-side stage (``rayml.<stage>``) as a Ray job and return its manifest as the XCom.
+
+    Stage operators subclass this and override :meth:`build_spec`; on its own it runs any stage
+    with a spec given as a dict.
+
+    :param stage: the stage module under ``rayml`` (for example ``generate``). (templated)
+    :param spec: the stage's spec fields other than ``artifact_dir``, which the operator sets to
+        this task run's directory. (templated)
+    :param ray_conn_id: the Airflow connection to the Ray cluster (type ``ray``).
+    :param artifact_root: where stages write outputs; default: the connection's artifact root, else
+        ``RAYML_ARTIFACT_ROOT``, else ``~/airflow-ray-ml/artifacts``. (templated)
+    :param runtime_env: extra Ray ``runtime_env`` entries merged into the job's (templated).
+    :param ship_package: upload the Ray-side package with the job; turn off when the cluster image
+        already has it installed.
+    :param deferrable: wait in the triggerer instead of holding a worker slot.
+    :param poll_interval_s: seconds between status checks (and log fetches).
+    :param job_timeout_s: stop the job and fail the task after this long.
+    """
+
+    template_fields: Sequence[str] = ("stage", "spec", "artifact_root", "runtime_env")
+    template_fields_renderers = {"spec": "json", "runtime_env": "json"}
+    operator_extra_links = (RayJobLink(),)
+    ui_color = "#e6f0ff"
+
+    def __init__(
+        self,
+        *,
+        stage: str,
+        spec: dict[str, Any] | None = None,
+        ray_conn_id: str = RayHook.default_conn_name,
+        artifact_root: str | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        ship_package: bool = True,
+        deferrable: bool = False,
+        poll_interval_s: float = 1.0,
+        job_timeout_s: float | None = 6 * 3600,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stage = stage
+        self.spec = spec or {}
+        self.ray_conn_id = ray_conn_id
+        self.artifact_root = artifact_root
+        self.runtime_env = runtime_env or {}
+        self.ship_package = ship_package
+        self.deferrable = deferrable
+        self.poll_interval_s = poll_interval_s
+        self.job_timeout_s = job_timeout_s
+        self._submission_id: str | None = None
+
+    @cached_property
+    def hook(self) -> RayHook:
+        return RayHook(self.ray_conn_id)
+
+    # -- what subclasses customise -------------------------------------------------------------
+
+    def build_spec(self, context: Context) -> dict[str, Any]:
+        """The stage spec's fields (without ``artifact_dir``). Stage operators override this."""
+        return dict(self.spec)
+
+    # -- ids and places ------------------------------------------------------------------------
+
+    @staticmethod
+    def _run_keys(context: Context) -> tuple[str, str, int]:
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        return ti.dag_id, context["run_id"], -1 if map_index is None else map_index
+
+    def base_submission_id(self, context: Context) -> str:
+        dag_id, run_id, map_index = self._run_keys(context)
+        return base_submission_id(dag_id, run_id, self.task_id, map_index)
+
+    def artifact_dir(self, context: Context) -> str:
+        root = self.artifact_root or self.hook.artifact_root or DEFAULT_ARTIFACT_ROOT
+        dag_id, run_id, map_index = self._run_keys(context)
+        return artifacts.run_dir(root, dag_id, run_id, self.task_id, map_index)
+
+    def job_runtime_env(self) -> dict[str, Any]:
+        runtime_env = dict(self.runtime_env)
+        runtime_env["env_vars"] = {**JOB_ENV_VARS, **runtime_env.get("env_vars", {})}
+        if self.ship_package:
+            runtime_env["py_modules"] = [RAYML_PACKAGE_DIR, *runtime_env.get("py_modules", [])]
+        return runtime_env
+
+    def entrypoint(self, spec: dict[str, Any]) -> str:
+        return f"python -m rayml.{self.stage} --spec {shlex.quote(json.dumps(spec, sort_keys=True))}"
+
+    def full_spec(self, context: Context) -> dict[str, Any]:
+        spec = {**self.build_spec(context), "artifact_dir": self.artifact_dir(context)}
+        spec_type = _spec_types().get(self.stage)
+        if spec_type is not None:
+            try:
+                spec_type.from_dict(spec)  # fail in Airflow, before any job starts
+            except RayMLError as err:
+                raise RayOperatorError(f"task {self.task_id!r}: invalid {self.stage} spec: {err}") from None
+        return spec
+
+    # -- the job's life ------------------------------------------------------------------------
+
+    def job_status(self, submission_id: str) -> RayJobStatus | None:
+        response = self.hook.request("GET", f"/api/jobs/{submission_id}")
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise RayOperatorError(
+                f"the Ray Jobs API answered HTTP {response.status_code} for job {submission_id}: "
+                f"{response.text[:300]}"
+            )
+        return RayJobStatus(response.json()["status"])
+
+    def existing_attempts(self, base_id: str) -> dict[str, RayJobStatus]:
+        found: dict[str, RayJobStatus] = {}
+        attempt = 0
+        while (status := self.job_status(attempt_id(base_id, attempt))) is not None:
+            found[attempt_id(base_id, attempt)] = status
+            attempt += 1
+        return found
+
+    def decide(self, context: Context) -> Decision:
+        base_id = self.base_submission_id(context)
+        return decide(base_id, self.existing_attempts(base_id))
+
+    def _record_job(self, context: Context, submission_id: str) -> None:
+        self._submission_id = submission_id
+        url = job_page_url(self.hook.dashboard_url, submission_id)
+        context["ti"].xcom_push(
+            key=RAY_JOB_XCOM_KEY,
+            value={"dashboard_url": self.hook.dashboard_url, "submission_id": submission_id, "job_url": url},
+        )
+
+    def submit(self, context: Context, submission_id: str, spec: dict[str, Any]) -> Decision:
+        client = self.hook.get_job_client()
+        dag_id, run_id, map_index = self._run_keys(context)
+        try:
+            client.submit_job(
+                entrypoint=self.entrypoint(spec),
+                submission_id=submission_id,
+                runtime_env=self.job_runtime_env(),
+                metadata={"airflow_dag_id": dag_id, "airflow_run_id": run_id,
+                          "airflow_task_id": self.task_id, "airflow_map_index": str(map_index)},
+            )
+        except RuntimeError as err:
+            if "already exists" not in str(err):
+                raise RayOperatorError(f"Ray did not accept job {submission_id}: {err}") from None
+            # Another try of this task run submitted it first: follow that job instead.
+            self.log.info("Ray job %s was submitted concurrently; attaching to it", submission_id)
+            return Decision(Action.ATTACH, submission_id)
+        self.log.info("Submitted Ray job %s (stage %s)", submission_id, self.stage)
+        return Decision(Action.SUBMIT, submission_id)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        spec = self.full_spec(context)
+        self.hook.check_access()
+        decision = self.decide(context)
+        self._record_job(context, decision.submission_id)
+        self.log.info("Ray job %s: %s (%s)", decision.submission_id, decision.action.value,
+                      job_page_url(self.hook.dashboard_url, decision.submission_id))
+        if decision.action is Action.REUSE:
+            self.log.info("An earlier try of this task run already succeeded; reusing its manifest")
+            return self.finish(decision.submission_id, spec["artifact_dir"], log_offset=0)
+        if decision.action is Action.SUBMIT:
+            decision = self.submit(context, decision.submission_id, spec)
+        if self.deferrable:
+            self.defer(
+                trigger=RayJobTrigger(
+                    submission_id=decision.submission_id,
+                    ray_conn_id=self.ray_conn_id,
+                    poll_interval_s=self.poll_interval_s,
+                ),
+                method_name="execute_complete",
+                timeout=self.job_timeout_s,
+            )
+        offset = self.wait(decision.submission_id)
+        return self.finish(decision.submission_id, spec["artifact_dir"], log_offset=offset)
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+        """Resume after the trigger fired (``event`` may be None where the kwargs were dropped)."""
+        event = event or {}
+        submission_id = event.get("submission_id") or self.decide(context).submission_id
+        self._submission_id = submission_id
+        status = self.job_status(submission_id)
+        if event.get("status") == "error" and (status is None or not status.is_terminal()):
+            raise RayJobFailedError(f"waiting for Ray job {submission_id} failed: {event.get('message')}")
+        return self.finish(submission_id, self.artifact_dir(context), log_offset=0)
+
+    def _job_logs(self, submission_id: str) -> str:
+        response = self.hook.request("GET", f"/api/jobs/{submission_id}/logs")
+        if response.status_code >= 400:
+            return ""
+        return response.json().get("logs", "")
+
+    def _emit_logs(self, text: str) -> None:
+        for line in text.splitlines():
+            self.log.info("[ray] %s", line)
+
+    def wait(self, submission_id: str) -> int:
+        """Poll until the job is terminal, streaming complete log lines; return the log offset read."""
+        deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
+        offset = 0
+        while True:
+            status = self.job_status(submission_id)
+            logs = self._job_logs(submission_id)
+            complete = logs.rfind("\n", offset) + 1
+            if complete > offset:
+                self._emit_logs(logs[offset:complete])
+                offset = complete
+            if status is None or status.is_terminal():
+                return offset
+            if deadline is not None and time.monotonic() > deadline:
+                self.hook.request("POST", f"/api/jobs/{submission_id}/stop")
+                raise RayJobTimeoutError(
+                    f"Ray job {submission_id} did not finish within {self.job_timeout_s} s and was "
+                    "stopped; raise job_timeout_s or give the cluster more resources"
+                )
+            time.sleep(self.poll_interval_s)
+
+    def read_manifest(self, artifact_dir: str, log_text: str) -> dict[str, Any] | None:
+        uri = artifacts.manifest_uri(artifact_dir)
+        try:
+            return artifacts.read_json(uri)
+        except (RayMLError, OSError) as err:
+            self.log.info("Manifest %s not readable from this worker (%s); using the job log's copy", uri, err)
+        return manifest_from_log(log_text)
+
+    def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> dict[str, Any]:
+        """Log what the job printed after ``log_offset``, then return its manifest or raise its error."""
+        status = self.job_status(submission_id)
+        logs = self._job_logs(submission_id)  # fetched whole again: tailing can miss the last lines
+        self._emit_logs(logs[log_offset:])
+        manifest = self.read_manifest(artifact_dir, logs)
+        if status is not RayJobStatus.SUCCEEDED:
+            reason = (manifest or {}).get("error") or _last_lines(logs) or "see the job log above"
+            raise RayJobFailedError(
+                f"Ray job {submission_id} (stage {self.stage}) ended {status.value if status else 'MISSING'}: {reason}"
+            )
+        if manifest is None:
+            raise RayManifestError(
+                f"Ray job {submission_id} succeeded but wrote no readable manifest in {artifact_dir}"
+            )
+        if manifest.get("status") != STATUS_SUCCEEDED:
+            raise RayJobFailedError(f"stage {self.stage} reported failure: {manifest.get('error')}")
+        return manifest
+
+    def on_kill(self) -> None:
+        if self._submission_id:
+            self.log.info("Stopping Ray job %s", self._submission_id)
+            self.hook.request("POST", f"/api/jobs/{self._submission_id}/stop")
+
+
+def _last_lines(log_text: str, count: int = 3) -> str:
+    """The job log's last non-empty lines: where a crash before the manifest says what went wrong."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    return " | ".join(lines[-count:])
+
+
+def _spec_types() -> dict[str, type]:
+    from rayml import specs
+
+    return {
+        cls.stage: cls
+        for cls in vars(specs).values()
+        if isinstance(cls, type) and issubclass(cls, specs.StageSpec) and cls.stage
+    }

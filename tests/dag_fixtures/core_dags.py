@@ -1,0 +1,22 @@
+"""Small DAGs the integration tests run with dag.test(); they live in their own DAG bundle."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from operators.ray_job import RayJobOperator
+
+
+def _generate_dag(dag_id: str, rows: int, deferrable: bool = False) -> DAG:
+    with DAG(dag_id=dag_id, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+        RayJobOperator(task_id="make_data", stage="generate", spec={"rows": rows, "seed": 3},
+                       deferrable=deferrable, poll_interval_s=0.3)
+    return dag
+
+
+core_manifest = _generate_dag("core_manifest", rows=500)
+core_retry = _generate_dag("core_retry", rows=500)
+core_kill = _generate_dag("core_kill", rows=400_000)
+core_deferred = _generate_dag("core_deferred", rows=500, deferrable=True)

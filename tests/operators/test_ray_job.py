@@ -1,0 +1,105 @@
+"""The job-submitting core, end to end: Airflow's dag.test() against a real local Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from operators.hooks.ray import RayHook
+from operators.job_status import RayJobStatus, base_submission_id
+from tests.conftest import ROOT, load_dag
+
+pytestmark = pytest.mark.integration
+
+LOGICAL_DATE = datetime(2026, 3, 1, tzinfo=timezone.utc)
+
+
+def _run(dag_id: str):
+    """Run a test DAG; the fixed logical date and run_after give every call the same run id."""
+    return load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
+
+
+def _xcom(dag_run, task_id: str, key: str = "return_value"):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(
+            dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key
+        ).one()
+        value = row.value
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _jobs_of(hook: RayHook, base_id: str) -> list[dict]:
+    return [job for job in hook.get_json("/api/jobs/") if (job.get("submission_id") or "").startswith(base_id)]
+
+
+def test_stage_job_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn, artifact_root):
+    dag_run = _run("core_manifest")
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "make_data")
+    assert manifest["status"] == "succeeded" and manifest["stage"] == "generate"
+    assert manifest["rows"] == 500
+    assert manifest["artifact_dir"].startswith(artifact_root)
+    for uri in manifest["data_uris"]:
+        assert os.path.getsize(uri) > 1000
+    link = _xcom(dag_run, "make_data", key="ray_job")
+    assert link["submission_id"] == base_submission_id("core_manifest", dag_run.run_id, "make_data")
+    assert link["job_url"].startswith(ray_conn.dashboard_url)
+
+
+def test_retry_of_same_task_run_reuses_the_succeeded_job(airflow_db, ray_conn):
+    first = _run("core_retry")
+    second = _run("core_retry")  # same run id: the task is cleared and runs again, as a retry does
+    assert first.run_id == second.run_id and second.state == "success"
+    base_id = base_submission_id("core_retry", first.run_id, "make_data")
+    assert len(_jobs_of(RayHook(), base_id)) == 1
+    assert _xcom(second, "make_data")["fingerprint"]
+
+
+def test_task_killed_mid_job_then_retried_leaves_one_job(airflow_db, ray_conn, tmp_path):
+    """A worker dies while its job runs; the retry attaches to that job instead of submitting one."""
+    worker_log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "from tests.operators.test_ray_job import _run; _run('core_kill')"],
+        cwd=ROOT, env=os.environ.copy(), start_new_session=True,
+        stdout=worker_log, stderr=subprocess.STDOUT,
+    )
+    hook = RayHook()
+    try:
+        deadline = time.monotonic() + 120
+        jobs: list[dict] = []
+        while time.monotonic() < deadline:
+            jobs = [j for j in hook.get_json("/api/jobs/") if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
+            if jobs and jobs[0]["status"] in ("PENDING", "RUNNING"):
+                break
+            time.sleep(0.2)
+        assert jobs, "the worker never submitted its job:\n" + (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)  # no on_kill: the job is left running, as after a crash
+        worker.wait()
+    killed_id = jobs[0]["submission_id"]
+
+    dag_run = _run("core_kill")
+    assert dag_run.state == "success"
+    run_jobs = [j for j in hook.get_json("/api/jobs/") if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
+    assert [j["submission_id"] for j in run_jobs] == [killed_id]
+    assert _xcom(dag_run, "make_data")["rows"] == 400_000
+
+
+def test_deferrable_mode_reaches_the_same_manifest(airflow_db, ray_conn):
+    dag_run = _run("core_deferred")
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "make_data")
+    assert manifest["status"] == "succeeded" and manifest["rows"] == 500
+    base_id = base_submission_id("core_deferred", dag_run.run_id, "make_data")
+    jobs = _jobs_of(RayHook(), base_id)
+    assert len(jobs) == 1 and RayJobStatus(jobs[0]["status"]) is RayJobStatus.SUCCEEDED
