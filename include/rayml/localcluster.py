@@ -65,28 +65,41 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-def stop_session(leader_pid: int, grace_s: float = 10.0) -> int:
-    """Ask the session's processes to stop, then kill what is left; return how many were killed."""
+def _live(leader_pid: int) -> list[int]:
+    return [pid for pid in session_pids(leader_pid) if not _is_zombie(pid)]
+
+
+def _wait_gone(leader_pid: int, timeout_s: float, include_zombies: bool = False) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not (session_pids(leader_pid) if include_zombies else _live(leader_pid)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def stop_session(leader_pid: int, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> int:
+    """Ask the session's leader to stop (``sig``), then kill what is left; return how many were killed.
+
+    Only processes of that one session are touched, so other Ray or Airflow processes on the
+    machine are left alone.
+    """
     if not session_pids(leader_pid):
         return 0
     try:
-        os.kill(leader_pid, signal.SIGTERM)  # ray start --block shuts its children down on SIGTERM
+        os.kill(leader_pid, sig)
     except ProcessLookupError:
         pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not [pid for pid in session_pids(leader_pid) if not _is_zombie(pid)]:
-            return 0
-        time.sleep(0.2)
-    leftovers = [pid for pid in session_pids(leader_pid) if not _is_zombie(pid)]
-    for pid in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    end = time.monotonic() + 10
-    while time.monotonic() < end and [pid for pid in session_pids(leader_pid) if not _is_zombie(pid)]:
-        time.sleep(0.1)
+    leftovers: list[int] = []
+    if not _wait_gone(leader_pid, grace_s):
+        leftovers = _live(leader_pid)
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _wait_gone(leader_pid, 10)
+    _wait_gone(leader_pid, 5, include_zombies=True)  # let their parents (or init) reap them
     return len(leftovers)
 
 

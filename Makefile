@@ -1,0 +1,34 @@
+# The two commands: `make run` (the wine pipeline on the embedded local stack) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONF ?= {}
+
+.PHONY: install run stop test test-unit clean
+
+install: $(STAMP)
+
+# Reinstall only when the project's dependencies change. torch is pinned to the CPU wheel.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[ml,dev]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python scripts/stack.py up
+	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)'
+
+stop:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python scripts/stack.py down; else echo "nothing to stop"; fi
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -m "not integration"
+
+clean: stop
+	rm -rf .airflow .ray-local .run artifacts

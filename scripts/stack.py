@@ -1,0 +1,228 @@
+"""The embedded stack behind `make run` and `make stop`: a local Ray head and `airflow standalone`.
+
+    python scripts/stack.py up        start Ray and Airflow unless already running (PID files)
+    python scripts/stack.py trigger   unpause and trigger the wine DAG over the REST API, follow it
+    python scripts/stack.py down      stop exactly what `up` started (by session, never by name)
+
+Everything lives in the project: AIRFLOW_HOME in .airflow/, Ray's temp dir in .ray-local/, PID
+files, logs and the Ray auth token in .run/, artifacts in artifacts/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "include")]
+
+from rayml import localcluster  # noqa: E402
+
+RUN_DIR = ROOT / ".run"
+AIRFLOW_HOME = ROOT / ".airflow"
+RAY_PID_FILE = RUN_DIR / "ray.json"
+AIRFLOW_PID_FILE = RUN_DIR / "airflow.json"
+TOKEN_FILE = RUN_DIR / "ray_auth_token"
+PASSWORD_FILE = AIRFLOW_HOME / "simple_auth_manager_passwords.json.generated"
+RAY_DASHBOARD_PORT = int(os.environ.get("RAY_DASHBOARD_PORT", "8265"))
+AIRFLOW_PORT = int(os.environ.get("AIRFLOW_PORT", "8080"))
+AIRFLOW_URL = f"http://127.0.0.1:{AIRFLOW_PORT}"
+DAG_ID = os.environ.get("DAG_ID", "wine_quality_pipeline")
+
+
+def airflow_env() -> dict[str, str]:
+    """The environment `airflow standalone` runs with: project-local, loopback-only, low parallelism."""
+    venv_bin = os.path.dirname(sys.executable)
+    return {
+        **os.environ,
+        "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")]),
+        "AIRFLOW_HOME": str(AIRFLOW_HOME),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "2",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(AIRFLOW_PORT),
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{AIRFLOW_URL}/execution/",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        "AIRFLOW_CONN_RAY_DEFAULT": json.dumps({
+            "conn_type": "ray",
+            "extra": {"dashboard_url": f"http://127.0.0.1:{RAY_DASHBOARD_PORT}",
+                      "artifact_root": str(ROOT / "artifacts"), "verify_tls": True},
+        }),
+        "RAY_AUTH_TOKEN_PATH": str(TOKEN_FILE),  # the hook reads the token from here
+        "RAYML_ARTIFACT_ROOT": str(ROOT / "artifacts"),
+    }
+
+
+def _state(pid_file: Path) -> dict | None:
+    try:
+        return json.loads(pid_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _alive(pid_file: Path) -> bool:
+    state = _state(pid_file)
+    return bool(state) and bool(localcluster.session_pids(int(state["pid"])))
+
+
+def _wait_http(url: str, timeout_s: float, what: str, pid_file: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=2).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        if not _alive(pid_file):
+            raise SystemExit(f"{what} exited during start-up; see {RUN_DIR / 'airflow.log'}")
+        time.sleep(1)
+    raise SystemExit(f"{what} did not answer at {url} within {timeout_s:.0f} s; see {RUN_DIR}")
+
+
+def up() -> None:
+    RUN_DIR.mkdir(exist_ok=True)
+    (ROOT / "artifacts").mkdir(exist_ok=True)
+    code = localcluster.main([
+        "start", "--pid-file", str(RAY_PID_FILE), "--temp-dir", str(ROOT / ".ray-local"),
+        "--dashboard-port", str(RAY_DASHBOARD_PORT), "--token-file", str(TOKEN_FILE),
+    ])
+    if code:
+        raise SystemExit(code)
+    if _alive(AIRFLOW_PID_FILE):
+        print(f"airflow standalone is already running at {AIRFLOW_URL} (PID {_state(AIRFLOW_PID_FILE)['pid']})")
+        return
+    try:
+        requests.get(f"{AIRFLOW_URL}/api/v2/monitor/health", timeout=2)
+        raise SystemExit(f"port {AIRFLOW_PORT} is taken by a process this project did not start; "
+                         "stop it or choose another port with AIRFLOW_PORT")
+    except requests.RequestException:
+        pass
+    AIRFLOW_HOME.mkdir(exist_ok=True)
+    with open(RUN_DIR / "airflow.log", "ab") as log:
+        process = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), "airflow"), "standalone"],
+            cwd=ROOT, env=airflow_env(), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    AIRFLOW_PID_FILE.write_text(json.dumps({"pid": process.pid, "url": AIRFLOW_URL}))
+    print(f"starting airflow standalone (PID {process.pid}); log in {RUN_DIR / 'airflow.log'}")
+    _wait_http(f"{AIRFLOW_URL}/api/v2/monitor/health", 240, "airflow standalone", AIRFLOW_PID_FILE)
+    print(f"airflow is up at {AIRFLOW_URL}")
+
+
+def down() -> None:
+    state = _state(AIRFLOW_PID_FILE)
+    if state and localcluster.session_pids(int(state["pid"])):
+        # standalone shuts its components down on Ctrl-C (SIGINT); SIGTERM would leave them running
+        killed = localcluster.stop_session(int(state["pid"]), grace_s=30, sig=signal.SIGINT)
+        print(f"stopped airflow standalone (PID {state['pid']}; {killed} process(es) needed SIGKILL)")
+    else:
+        print("no airflow standalone of ours is running")
+    AIRFLOW_PID_FILE.unlink(missing_ok=True)
+    localcluster.main(["stop", "--pid-file", str(RAY_PID_FILE)])
+
+
+class AirflowClient:
+    """The few Airflow REST API calls `make run` needs, as the admin user of the simple auth manager."""
+
+    def __init__(self) -> None:
+        self.session = requests.Session()
+
+    def login(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not PASSWORD_FILE.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{PASSWORD_FILE} was not written; is airflow standalone running?")
+            time.sleep(1)
+        username, password = next(iter(json.loads(PASSWORD_FILE.read_text()).items()))
+        response = requests.post(f"{AIRFLOW_URL}/auth/token", json={"username": username, "password": password},
+                                 timeout=30)
+        response.raise_for_status()
+        self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
+
+    def call(self, method: str, path: str, **kwargs) -> dict:
+        response = self.session.request(method, f"{AIRFLOW_URL}/api/v2{path}", timeout=30, **kwargs)
+        if response.status_code >= 400:
+            raise SystemExit(f"{method} {path} answered HTTP {response.status_code}: {response.text[:500]}")
+        return response.json()
+
+    def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            response = self.session.get(f"{AIRFLOW_URL}/api/v2/dags/{dag_id}", timeout=30)
+            if response.status_code == 200:
+                return
+            time.sleep(2)
+        errors = self.call("GET", "/importErrors")
+        raise SystemExit(f"DAG {dag_id} was not parsed within {timeout_s:.0f} s; import errors: {errors}")
+
+
+def _seconds(ti: dict) -> str:
+    return f"{ti['duration']:.1f}" if ti.get("duration") is not None else "-"
+
+
+def trigger(conf: dict, timeout_s: float) -> int:
+    client = AirflowClient()
+    client.login()
+    client.wait_for_dag(DAG_ID)
+    client.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    run = client.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
+    run_id = run["dag_run_id"]
+    print(f"triggered {DAG_ID} run {run_id}")
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, str] = {}
+    while True:
+        run = client.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
+        tis = client.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        for ti in tis:
+            if seen.get(ti["task_id"]) != ti["state"]:
+                seen[ti["task_id"]] = ti["state"]
+                print(f"  {ti['task_id']}: {ti['state']}")
+        if run["state"] in ("success", "failed"):
+            break
+        if time.monotonic() > deadline:
+            print(f"the run did not finish within {timeout_s:.0f} s; it goes on in Airflow")
+            break
+        time.sleep(3)
+    print(f"\nrun {run_id}: {run['state']}")
+    print(f"{'task':<24} {'state':<16} {'seconds':>8}")
+    for ti in sorted(tis, key=lambda ti: ti.get("start_date") or ""):
+        print(f"{ti['task_id']:<24} {str(ti['state']):<16} {_seconds(ti):>8}")
+    print(f"\nAirflow UI: {AIRFLOW_URL}  (user admin; password in {PASSWORD_FILE})")
+    print(f"Ray dashboard: http://127.0.0.1:{RAY_DASHBOARD_PORT}  (token in {TOKEN_FILE})")
+    print("The stack keeps running; `make stop` stops it.")
+    return 0 if run["state"] == "success" else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/stack.py")
+    parser.add_argument("command", choices=("up", "trigger", "down"))
+    parser.add_argument("--conf", default="{}", help="DAG run conf (JSON) for trigger")
+    parser.add_argument("--timeout", type=float, default=3600)
+    args = parser.parse_args()
+    if args.command == "up":
+        up()
+    elif args.command == "down":
+        down()
+    else:
+        return trigger(json.loads(args.conf), args.timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
