@@ -58,7 +58,7 @@ def load_dag(dag_id: str, folder: Path = ROOT / "tests" / "dag_fixtures"):
 
     bag = DagBag(dag_folder=str(folder))
     assert not bag.import_errors, bag.import_errors
-    return bag.get_dag(dag_id)
+    return bag.dags[dag_id]
 
 
 @pytest.fixture(scope="session")

@@ -20,3 +20,6 @@ core_manifest = _generate_dag("core_manifest", rows=500)
 core_retry = _generate_dag("core_retry", rows=500)
 core_kill = _generate_dag("core_kill", rows=400_000)
 core_deferred = _generate_dag("core_deferred", rows=500, deferrable=True)
+
+with DAG(dag_id="core_missing_stage", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_missing_stage:
+    RayJobOperator(task_id="broken", stage="no_such_stage", poll_interval_s=0.3)

@@ -1,0 +1,50 @@
+"""Specs round-trip through JSON and reject bad values with messages that quote them."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayml.errors import SpecError
+from rayml.specs import GenerateResult, GenerateSpec
+
+
+def test_spec_json_round_trip_keeps_every_field():
+    spec = GenerateSpec(artifact_dir="/tmp/a", rows=1000, seed=3, file_format="parquet")
+    assert GenerateSpec.from_json(spec.to_json()) == spec
+    assert GenerateSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_result_round_trip():
+    result = GenerateResult(data_uris=["/a.csv"], rows=2, rows_by_type={"red": 1, "white": 1}, fingerprint="x")
+    assert GenerateResult.from_json(result.to_json()) == result
+
+
+@pytest.mark.parametrize(
+    ("fields", "quoted"),
+    [
+        ({"rows": 1}, "rows must be an integer >= 2, got 1"),
+        ({"rows": "100"}, "got '100'"),
+        ({"rows": True}, "got True"),
+        ({"file_format": "xlsx"}, "got 'xlsx'"),
+        ({"artifact_dir": ""}, "artifact_dir must be a non-empty string, got ''"),
+    ],
+)
+def test_spec_bad_value_is_quoted(fields, quoted):
+    with pytest.raises(SpecError) as caught:
+        GenerateSpec.from_dict({"artifact_dir": "/tmp/a", **fields})
+    assert quoted in str(caught.value)
+
+
+def test_spec_unknown_field_lists_known_ones():
+    with pytest.raises(SpecError, match=r"unknown field\(s\) \['row'\].*'rows'"):
+        GenerateSpec.from_dict({"artifact_dir": "/tmp/a", "row": 5})
+
+
+def test_spec_missing_field_named():
+    with pytest.raises(SpecError, match="artifact_dir"):
+        GenerateSpec.from_dict({"rows": 5})
+
+
+def test_spec_not_json_says_so():
+    with pytest.raises(SpecError, match="not valid JSON"):
+        GenerateSpec.from_json("{rows: 5")

@@ -1,0 +1,49 @@
+"""The shared stage entry point: manifests on success, failed manifests and exit 1 on any error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from rayml import artifacts
+from rayml.constants import MANIFEST_LOG_MARKER
+from rayml.generate import main as generate_main
+
+
+def _spec(tmp_path, **fields) -> str:
+    return json.dumps({"artifact_dir": str(tmp_path / "run"), **fields})
+
+
+def test_stage_success_writes_manifest_with_result(tmp_path, capsys):
+    assert generate_main(["--spec", _spec(tmp_path, rows=300, seed=1, file_format="csv")]) == 0
+    manifest = artifacts.read_json(str(tmp_path / "run" / "manifest.json"))
+    assert manifest["status"] == "succeeded" and manifest["stage"] == "generate"
+    assert manifest["rows"] == 300 and manifest["duration_s"] >= 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(MANIFEST_LOG_MARKER)]
+    assert json.loads(printed[-1][len(MANIFEST_LOG_MARKER):]) == manifest
+
+
+def test_stage_invalid_spec_writes_failed_manifest_and_exits_1(tmp_path):
+    assert generate_main(["--spec", _spec(tmp_path, rows=-5)]) == 1
+    manifest = artifacts.read_json(str(tmp_path / "run" / "manifest.json"))
+    assert manifest["status"] == "failed"
+    assert "rows must be an integer >= 2, got -5" in manifest["error"]
+
+
+def test_stage_runtime_error_writes_failed_manifest(tmp_path):
+    blocker = tmp_path / "run"
+    blocker.mkdir()
+    (blocker / "winequality-red.csv").mkdir()  # a directory where the stage wants to write a file
+    assert generate_main(["--spec", _spec(tmp_path, rows=300)]) == 1
+    manifest = artifacts.read_json(str(blocker / "manifest.json"))
+    assert manifest["status"] == "failed" and manifest["error"]
+
+
+def test_stage_runs_as_module_with_exit_code(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "rayml.generate", "--spec", _spec(tmp_path, rows=100)],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "rayml.generate", "--spec", "not json"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "not valid JSON" in bad.stdout

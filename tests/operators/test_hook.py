@@ -1,0 +1,125 @@
+"""RayHook: URL and token resolution, clear errors, and a real cluster's answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from operators.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
+from operators.hooks.ray import RayHook, normalise_dashboard_url, resolve_token
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "expected"),
+    [
+        ("http://127.0.0.1:8265", None, "http://127.0.0.1:8265"),
+        ("127.0.0.1", None, "http://127.0.0.1:8265"),
+        ("ray-head", 9000, "http://ray-head:9000"),
+        ("https://ray.example.com/", None, "https://ray.example.com:8265"),
+        ("https://ray.example.com:443", None, "https://ray.example.com:443"),
+    ],
+)
+def test_normalise_dashboard_url_forms_resolve(host, port, expected):
+    assert normalise_dashboard_url(host, port) == expected
+
+
+def test_normalise_dashboard_url_bad_scheme_names_it():
+    with pytest.raises(RayOperatorError, match="ray://head:10001.*http:// or https://"):
+        normalise_dashboard_url("ray://head:10001")
+
+
+def test_resolve_token_connection_first(tmp_path):
+    token_file = tmp_path / "auth_token"
+    token_file.write_text("from-file\n")
+    env = {"RAY_AUTH_TOKEN": "from-env"}
+    assert resolve_token("from-conn", env, token_file) == "from-conn"
+    assert resolve_token(None, env, token_file) == "from-env"
+    assert resolve_token("  ", {}, token_file) == "from-file"
+    assert resolve_token(None, {}, tmp_path / "missing") is None
+
+
+def test_resolve_token_path_env_overrides_default_file(tmp_path):
+    custom = tmp_path / "custom"
+    custom.write_text("custom-token")
+    assert resolve_token(None, {"RAY_AUTH_TOKEN_PATH": str(custom)}, tmp_path / "other") == "custom-token"
+
+
+def _set_conn(monkeypatch, conn_id: str, **extra):
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "ray", "extra": extra}))
+
+
+def test_hook_reads_connection_fields(monkeypatch):
+    _set_conn(monkeypatch, "ray_x", dashboard_url="http://10.0.0.5:8265", auth_token="tok",
+              verify_tls="false", artifact_root="s3://bucket/ml")
+    hook = RayHook("ray_x")
+    assert hook.dashboard_url == "http://10.0.0.5:8265"
+    assert hook.auth_headers() == {"Authorization": "Bearer tok"}
+    assert hook.verify_tls is False
+    assert hook.artifact_root == "s3://bucket/ml"
+
+
+def test_hook_verify_tls_defaults_on(monkeypatch):
+    _set_conn(monkeypatch, "ray_y", dashboard_url="https://ray.example.com")
+    assert RayHook("ray_y").verify_tls is True
+
+
+def test_hook_without_url_says_which_field(monkeypatch):
+    _set_conn(monkeypatch, "ray_z")
+    with pytest.raises(RayOperatorError, match="'ray_z' has no dashboard URL.*dashboard_url"):
+        RayHook("ray_z").dashboard_url
+
+
+def test_hook_default_connection_missing_uses_local_cluster(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_RAY_DEFAULT", raising=False)
+    monkeypatch.setenv("RAY_DASHBOARD_URL", "http://127.0.0.1:18265")
+    assert RayHook().dashboard_url == "http://127.0.0.1:18265"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_hook_unreachable_cluster_one_clear_sentence(monkeypatch):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    _set_conn(monkeypatch, "ray_down", dashboard_url=url)
+    hook = RayHook("ray_down", timeout_s=2)
+    with pytest.raises(RayClusterUnreachableError) as caught:
+        hook.check_access()
+    message = str(caught.value)
+    assert url in message and "make run" in message and "'ray_down'" in message
+    assert caught.value.__cause__ is None and "Traceback" not in message
+    ok, text = hook.test_connection()
+    assert ok is False and url in text
+
+
+@pytest.mark.integration
+def test_hook_test_connection_real_cluster_ok(monkeypatch, ray_cluster):
+    _set_conn(monkeypatch, "ray_ok", dashboard_url=ray_cluster.dashboard_url, auth_token=ray_cluster.token)
+    ok, text = RayHook("ray_ok").test_connection()
+    assert ok, text
+    assert "Ray 2." in text and ray_cluster.dashboard_url in text
+
+
+@pytest.mark.integration
+def test_hook_missing_or_wrong_token_says_how_to_fix(monkeypatch, ray_cluster, tmp_path):
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token-here"))
+    _set_conn(monkeypatch, "ray_notoken", dashboard_url=ray_cluster.dashboard_url)
+    with pytest.raises(RayAuthError, match="HTTP 401.*RAY_AUTH_TOKEN"):
+        RayHook("ray_notoken").check_access()
+    _set_conn(monkeypatch, "ray_badtoken", dashboard_url=ray_cluster.dashboard_url, auth_token="wrong")
+    with pytest.raises(RayAuthError, match="HTTP 403"):
+        RayHook("ray_badtoken").check_access()
+
+
+@pytest.mark.integration
+def test_hook_cluster_resources_lists_the_head(monkeypatch, ray_cluster):
+    _set_conn(monkeypatch, "ray_res", dashboard_url=ray_cluster.dashboard_url, auth_token=ray_cluster.token)
+    nodes = RayHook("ray_res").get_cluster_resources()
+    assert len(nodes) == 1
+    (node,) = nodes.values()
+    assert node["total"]["CPU"] == 2 and node["state"] == "ALIVE"

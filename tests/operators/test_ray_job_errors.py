@@ -1,0 +1,71 @@
+"""Bad input to the job core fails clearly: before any job for bad specs, with the stage's reason after."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from operators.errors import RayOperatorError
+from operators.ray_job import RayJobOperator, manifest_from_log
+from rayml.constants import MANIFEST_LOG_MARKER
+
+
+def _operator(**kwargs) -> RayJobOperator:
+    from airflow.sdk import DAG
+
+    with DAG(dag_id="errors", schedule=None, start_date=datetime(2026, 1, 1)):
+        return RayJobOperator(task_id="t", **kwargs)
+
+
+class _TI:
+    dag_id = "errors"
+    map_index = -1
+
+
+def test_invalid_spec_fails_in_airflow_before_any_job(tmp_path):
+    operator = _operator(stage="generate", spec={"rows": 1}, artifact_root=str(tmp_path))
+    with pytest.raises(RayOperatorError, match="invalid generate spec.*rows must be an integer >= 2, got 1"):
+        operator.full_spec({"ti": _TI(), "run_id": "r1"})
+
+
+def test_spec_gets_this_task_runs_artifact_dir(tmp_path):
+    operator = _operator(stage="generate", spec={"rows": 10}, artifact_root=str(tmp_path))
+    spec = operator.full_spec({"ti": _TI(), "run_id": "manual__x"})
+    assert spec == {"rows": 10, "artifact_dir": f"{tmp_path}/errors/manual__x/t"}
+
+
+def test_runtime_env_ships_the_package_and_keeps_user_entries():
+    operator = _operator(stage="generate", runtime_env={"env_vars": {"A": "1"}, "pip": ["x"]})
+    env = operator.job_runtime_env()
+    assert env["py_modules"][0].endswith("rayml") and env["pip"] == ["x"]
+    assert env["env_vars"]["A"] == "1" and env["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.1"
+    assert "py_modules" not in _operator(stage="generate", ship_package=False).job_runtime_env()
+
+
+def test_entrypoint_quotes_the_spec_for_the_shell():
+    operator = _operator(stage="generate")
+    command = operator.entrypoint({"artifact_dir": "/tmp/it's here", "rows": 5})
+    assert command.startswith("python -m rayml.generate --spec '")
+    import shlex
+
+    assert shlex.split(command)[-1] == '{"artifact_dir": "/tmp/it\'s here", "rows": 5}'
+
+
+def test_manifest_from_log_takes_the_last_marked_line():
+    log = f"noise\n{MANIFEST_LOG_MARKER}{{\"a\": 1}}\nmore\n{MANIFEST_LOG_MARKER}{{\"a\": 2}}\n"
+    assert manifest_from_log(log) == {"a": 2}
+    assert manifest_from_log("nothing here") is None
+
+
+@pytest.mark.integration
+def test_failing_stage_fails_the_task_with_the_jobs_reason(airflow_db, ray_conn):
+    from tests.conftest import load_dag
+    from tests.operators.test_ray_job import LOGICAL_DATE, _jobs_of
+    from operators.hooks.ray import RayHook
+    from operators.job_status import base_submission_id
+
+    dag_run = load_dag("core_missing_stage").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
+    assert dag_run.state == "failed"
+    jobs = _jobs_of(RayHook(), base_submission_id("core_missing_stage", dag_run.run_id, "broken"))
+    assert len(jobs) == 1 and jobs[0]["status"] == "FAILED"
