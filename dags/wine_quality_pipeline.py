@@ -2,8 +2,11 @@
 
 Each task runs one Ray-side stage as a Ray job on the cluster named by the ``ray_default``
 connection (the embedded local cluster under ``make run``); the Airflow worker only submits,
-follows and records. Today the pipeline materialises the run's data set:
+follows and records. Today the pipeline decides its compute and materialises the run's data set:
 
+* ``probe`` decides GPU or CPU once for the whole run (a CUDA smoke test where GPUs are
+  advertised; CPU with the reason otherwise) and sizes the workers so Ray Data keeps CPU headroom;
+  its XCom is the compute spec later stages take.
 * ``demo_data`` writes the seeded stand-in for the UCI wine-quality files (red and white,
   semicolon-separated as published) into this run's artifact directory and returns their URIs.
 
@@ -17,6 +20,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
+from operators.gpu_probe import GPUProbeOperator
 from operators.ray_job import RayJobOperator
 
 DEMO_ROWS = 6497  # the size of the published data set
@@ -35,10 +39,19 @@ with DAG(
         "demo_rows": Param(DEMO_ROWS, type="integer", minimum=100, maximum=10_000_000,
                            description="Rows of generated demo data"),
         "demo_seed": Param(DEMO_SEED, type="integer", minimum=0, description="Seed of the demo data"),
+        "require_gpu": Param(False, type="boolean", description="Fail instead of falling back to CPU"),
+        "wait_for_gpu_s": Param(0, type="number", minimum=0, maximum=3600,
+                                description="On autoscaling clusters: seconds to wait for a GPU node"),
     },
     tags=["ray", "ml", "example"],
     doc_md=__doc__,
 ) as dag:
+    probe = GPUProbeOperator(
+        task_id="probe",
+        require_gpu="{{ params.require_gpu }}",
+        wait_for_gpu_s="{{ params.wait_for_gpu_s }}",
+        doc_md="Decide GPU or CPU for this run; the XCom is the compute spec.",
+    )
     demo_data = RayJobOperator(
         task_id="demo_data",
         stage="generate",

@@ -23,3 +23,7 @@ class RayJobTimeoutError(RayOperatorError, TimeoutError):
 
 class RayManifestError(RayOperatorError, RuntimeError):
     """A job succeeded but its result manifest could not be read."""
+
+
+class GPUNotAvailableError(RayOperatorError, RuntimeError):
+    """``require_gpu=True`` but the probe found no GPU that CUDA can use."""

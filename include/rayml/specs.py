@@ -109,3 +109,83 @@ class GenerateResult(JsonDataclass):
     rows: int
     rows_by_type: dict[str, int]
     fingerprint: str
+
+
+ACCELERATORS = ("gpu", "cpu")
+
+
+@dataclasses.dataclass
+class ComputeSpec(JsonDataclass):
+    """How training, tuning and serving run: decided once per Airflow run by the GPU probe.
+
+    :param use_gpu: whether workers get GPUs.
+    :param gpus_per_worker: GPUs each worker requests (0 on CPU).
+    :param num_workers: the most workers the cluster supports; stages may use fewer for small data.
+    :param cpus_per_worker: CPUs each worker requests; sized to leave Ray Data CPU headroom.
+    :param accelerator: the PyTorch Lightning accelerator, ``gpu`` or ``cpu``.
+    :param devices: the GPUs found: node, name, memory (GiB) and whether CUDA could use them.
+    :param reason: why this was decided, in one human sentence.
+    :param cluster: what the probe saw: nodes, CPUs and GPUs in total.
+    :param decided_in_s: how long the decision took.
+    """
+
+    use_gpu: bool
+    gpus_per_worker: float
+    num_workers: int
+    cpus_per_worker: float
+    accelerator: str
+    reason: str
+    devices: list[dict] = dataclasses.field(default_factory=list)
+    cluster: dict = dataclasses.field(default_factory=dict)
+    decided_in_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.use_gpu, bool):
+            raise SpecError(f"ComputeSpec.use_gpu must be true or false, got {self.use_gpu!r}")
+        require_int_range("ComputeSpec", "num_workers", self.num_workers, 1)
+        require_choice("ComputeSpec", "accelerator", self.accelerator, ACCELERATORS)
+        if not isinstance(self.cpus_per_worker, (int, float)) or self.cpus_per_worker <= 0:
+            raise SpecError(f"ComputeSpec.cpus_per_worker must be a number > 0, got {self.cpus_per_worker!r}")
+        if self.use_gpu != (self.gpus_per_worker > 0) or self.use_gpu != (self.accelerator == "gpu"):
+            raise SpecError(
+                "ComputeSpec is inconsistent: use_gpu, gpus_per_worker > 0 and accelerator == 'gpu' "
+                f"must agree, got use_gpu={self.use_gpu!r}, gpus_per_worker={self.gpus_per_worker!r}, "
+                f"accelerator={self.accelerator!r}"
+            )
+
+    @classmethod
+    def cpu(cls, reason: str, num_workers: int = 1, cpus_per_worker: float = 1.0, **fields: Any) -> "ComputeSpec":
+        return cls(use_gpu=False, gpus_per_worker=0, num_workers=num_workers,
+                   cpus_per_worker=cpus_per_worker, accelerator="cpu", reason=reason, **fields)
+
+    def summary(self) -> str:
+        """The decision as one readable line (the task log shows this)."""
+        where = (
+            f"GPU: {self.num_workers} worker(s) x {self.gpus_per_worker:g} GPU + {self.cpus_per_worker:g} CPU"
+            if self.use_gpu
+            else f"CPU: {self.num_workers} worker(s) x {self.cpus_per_worker:g} CPU"
+        )
+        return f"{where} - {self.reason} (decided in {self.decided_in_s:.2f} s)"
+
+
+@dataclasses.dataclass
+class ProbeSpec(StageSpec):
+    """Spec of the ``probe`` stage: check advertised GPUs with a real CUDA smoke test.
+
+    :param wait_for_gpu_s: on autoscaling clusters, ask for a GPU and wait up to this long.
+    :param smoke_timeout_s: how long the CUDA smoke test may take once a GPU is placed.
+    :param max_workers: the most training workers to plan for.
+    """
+
+    stage: ClassVar[str] = "probe"
+    wait_for_gpu_s: float = 0.0
+    smoke_timeout_s: float = 60.0
+    max_workers: int = 4
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("wait_for_gpu_s", "smoke_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SpecError(f"ProbeSpec.{name} must be a number of seconds >= 0, got {value!r}")
+        require_int_range("ProbeSpec", "max_workers", self.max_workers, 1)

@@ -22,4 +22,5 @@ def test_wine_dag_is_documented_scheduled_and_retries():
     assert dag.doc_md and "Ray job" in dag.doc_md
     assert dag.schedule is not None
     assert all(task.retries >= 1 for task in dag.tasks)
-    assert {"demo_rows", "demo_seed"} <= set(dag.params.keys())
+    assert {"demo_rows", "demo_seed", "require_gpu", "wait_for_gpu_s"} <= set(dag.params.keys())
+    assert {"probe", "demo_data"} <= set(dag.task_ids)

@@ -1,0 +1,154 @@
+"""GPUProbeOperator against real local Ray clusters: CPU-only, and one advertising an unusable GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+import pytest
+
+from operators.errors import GPUNotAvailableError
+from operators.gpu_probe import GPUProbeOperator, branch_on_compute
+from operators.hooks.ray import RayHook
+from rayml.specs import ComputeSpec
+from tests.conftest import load_dag
+from tests.operators.test_ray_job import LOGICAL_DATE, _xcom
+
+
+def _run(dag_id: str):
+    return load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
+
+
+def _states(dag_run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+
+
+def _nothing_left_pending(hook: RayHook) -> None:
+    tasks = hook.get_json("/api/v0/tasks", params={"limit": "10000", "detail": "1"})["data"]["result"]["result"]
+    unfinished = [t for t in tasks if t["func_or_class_name"] == "cuda_smoke_test" and t["state"] not in ("FINISHED", "FAILED")]
+    assert unfinished == []
+    groups = hook.get_json("/api/v0/placement_groups", params={"limit": "1000"})["data"]["result"]["result"]
+    assert [g for g in groups if g.get("state") != "REMOVED"] == []
+
+
+def test_branch_on_compute_follows_the_decision():
+    cpu = ComputeSpec.cpu("no GPU").to_dict()
+    gpu = ComputeSpec(use_gpu=True, gpus_per_worker=1, num_workers=1, cpus_per_worker=1, accelerator="gpu",
+                      reason="ok").to_dict()
+    assert branch_on_compute(cpu, gpu="g", cpu="c") == "c"
+    assert branch_on_compute(gpu, gpu=["g1", "g2"], cpu="c") == ["g1", "g2"]
+
+
+def test_require_gpu_on_cpu_decision_fails_with_the_fix():
+    operator = GPUProbeOperator(task_id="probe", require_gpu=True)
+    with pytest.raises(GPUNotAvailableError, match="require_gpu=True.*no GPU here.*require_gpu=False"):
+        operator._conclude(ComputeSpec.cpu("no GPU here"))
+
+
+@pytest.mark.integration
+def test_probe_cpu_only_cluster_decides_cpu_fast_and_leaves_nothing(airflow_db, ray_conn):
+    dag_run = _run("probe_cpu")
+    assert dag_run.state == "success"
+    compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
+    assert compute.use_gpu is False and compute.accelerator == "cpu" and compute.gpus_per_worker == 0
+    assert "advertises no GPU" in compute.reason and "2 CPUs" in compute.reason
+    assert compute.decided_in_s < 2.0
+    # 2 CPUs: one training worker with one CPU, one CPU left for Ray Data
+    assert (compute.num_workers, compute.cpus_per_worker) == (1, 1.0)
+    _nothing_left_pending(RayHook())
+
+
+@pytest.mark.integration
+def test_probe_wait_for_gpu_withdraws_its_request(airflow_db, ray_conn):
+    dag_run = _run("probe_cpu_wait")
+    assert dag_run.state == "success"
+    compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
+    assert compute.use_gpu is False and "after waiting 2 s" in compute.reason
+    hook = RayHook()
+    deadline = time.monotonic() + 45
+    while True:  # the autoscaler monitor reports the cleared request on its next cycle
+        demand = hook.get_json("/api/cluster_status", params={"format": "0"})["data"]["clusterStatus"]
+        if demand["loadMetricsReport"]["requestDemand"] == []:
+            break
+        assert time.monotonic() < deadline, f"resource request still pending: {demand['loadMetricsReport']}"
+        time.sleep(1)
+    _nothing_left_pending(hook)
+
+
+@pytest.mark.integration
+def test_probe_branch_dag_takes_the_cpu_branch(airflow_db, ray_conn):
+    states = _states(_run("probe_branch"))
+    assert states["train_on_cpu"] == "success" and states["train_on_gpu"] == "skipped"
+
+
+@pytest.fixture(scope="module")
+def fake_gpu_cluster(airflow_db):
+    """A head that advertises one GPU although this machine has none CUDA can use."""
+    from rayml.localcluster import LocalRayCluster, new_token
+
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rg", dir="/tmp"), num_cpus=2, num_gpus=1,
+                              token=new_token())
+    cluster.start()
+    os.environ["AIRFLOW_CONN_RAY_FAKE_GPU"] = json.dumps({
+        "conn_type": "ray",
+        "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
+                  "artifact_root": tempfile.mkdtemp(prefix="fake-gpu-artifacts-")},
+    })
+    try:
+        yield cluster
+    finally:
+        os.environ.pop("AIRFLOW_CONN_RAY_FAKE_GPU", None)
+        cluster.stop()
+
+
+@pytest.mark.integration
+def test_probe_advertised_unusable_gpu_falls_back_to_cpu(fake_gpu_cluster):
+    dag_run = _run("probe_fake_gpu")
+    assert dag_run.state == "success"
+    compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
+    assert compute.use_gpu is False and compute.accelerator == "cpu"
+    assert "advertised by Ray but not usable by CUDA" in compute.reason
+    assert compute.cluster["gpus"] == 1
+    assert compute.devices and compute.devices[0]["usable"] is False
+    _nothing_left_pending(RayHook("ray_fake_gpu"))
+
+
+@pytest.mark.integration
+def test_probe_advertised_unusable_gpu_with_require_gpu_fails(fake_gpu_cluster):
+    dag_run = _run("probe_fake_gpu_required")
+    assert dag_run.state == "failed"
+    assert _states(dag_run)["probe"] == "failed"
+
+
+def _cuda_usable() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+@pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on this machine")
+def test_probe_real_gpu_decides_gpu_with_the_device_name(airflow_db):
+    import torch
+
+    from rayml.localcluster import LocalRayCluster, new_token
+
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rr", dir="/tmp"), num_cpus=4, token=new_token())
+    cluster.start()
+    os.environ["AIRFLOW_CONN_RAY_FAKE_GPU"] = json.dumps({
+        "conn_type": "ray", "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token},
+    })
+    try:
+        dag_run = _run("probe_fake_gpu")  # same DAG, pointed at a cluster whose GPU is real
+        compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
+        assert compute.use_gpu is True and compute.accelerator == "gpu", compute.reason
+        assert compute.devices[0]["name"] == torch.cuda.get_device_name(0)
+        assert compute.devices[0]["usable"] is True and compute.devices[0]["memory_gib"] > 0
+    finally:
+        os.environ.pop("AIRFLOW_CONN_RAY_FAKE_GPU", None)
+        cluster.stop()
