@@ -299,7 +299,13 @@ def assign_splits(frame: pd.DataFrame, columns: list[str], fractions: list[float
     """Split index (0 train, 1 validation, 2 test) of each row, from a seeded hash of its values."""
     if frame.empty:
         return np.zeros(0, dtype="int8")
-    hashed = pd.util.hash_pandas_object(frame[columns], index=False, hash_key=_hash_key(seed)).to_numpy()
+    # Canonical types first: a value hashes the same whether it came from CSV, Parquet or pandas.
+    canonical = pd.DataFrame({
+        column: (frame[column].to_numpy(dtype="float64") if pd.api.types.is_numeric_dtype(frame[column])
+                 else frame[column].to_numpy(dtype=object))
+        for column in columns
+    })
+    hashed = pd.util.hash_pandas_object(canonical, index=False, hash_key=_hash_key(seed)).to_numpy()
     uniform = (hashed >> np.uint64(11)).astype("float64") * 2.0**-53
     bounds = np.cumsum(fractions)[:2]
     return np.searchsorted(bounds, uniform, side="right").astype("int8")
@@ -551,7 +557,7 @@ def diagnose_csv(layouts: list[SourceLayout], plan: ColumnPlan, chunk_rows: int 
                     bad = pd.to_numeric(text, errors="coerce").isna() & ~text.str.strip().isin(NULL_TOKENS)
                     if bad.any():
                         rows = chunk[bad].head(SAMPLE_ROWS)
-                        samples = [{"line": int(number * chunk_rows + index + 2), **row.to_dict()}
+                        samples = [{"line": int(number * chunk_rows + index + 2), **row}
                                    for index, row in zip(rows.index - chunk.index[0], rows.to_dict("records"))]
                         raise DataSourceError(
                             f"column {column!r} must be numeric but {layout.uri!r} has non-numeric value(s) "
@@ -634,9 +640,10 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     dataset = read_dataset(layouts, plan, spec)
     try:
         rows = dataset.map_batches(_summarise_batch, batch_format="pandas", fn_kwargs={"ctx": ctx}).take_all()
-    except Exception as err:
-        if "conversion error" in str(err) or "ArrowInvalid" in str(err):
-            diagnose_csv(layouts, plan)
+    except Exception:
+        # The typed CSV read fails on the first non-numeric value with a message naming neither
+        # the row nor (reliably) the column: find them, or re-raise the original error.
+        diagnose_csv(layouts, plan)
         raise
     total = merge_summaries((json.loads(row["summary"]) for row in rows), len(plan.numeric) + 1)
     raise_findings(total, ctx)
