@@ -189,3 +189,140 @@ class ProbeSpec(StageSpec):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise SpecError(f"ProbeSpec.{name} must be a number of seconds >= 0, got {value!r}")
         require_int_range("ProbeSpec", "max_workers", self.max_workers, 1)
+
+
+SCALERS = ("standard", "minmax", "none")
+NAN_POLICIES = ("fail", "drop")
+DELIMITERS = ("auto", ",", ";", "\t")
+FILE_FORMATS = ("auto", "csv", "parquet")
+
+
+def _require_str_list(owner: str, name: str, value: Any, allow_none: bool = True, allow_empty: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if (
+        not isinstance(value, list)
+        or any(not isinstance(item, str) or not item.strip() for item in value)
+        or (not allow_empty and not value)
+    ):
+        what = "a list of non-empty strings" + ("" if allow_empty else " with at least one item")
+        raise SpecError(f"{owner}.{name} must be {what}, got {value!r}")
+    duplicates = sorted({item for item in value if value.count(item) > 1})
+    if duplicates:
+        raise SpecError(f"{owner}.{name} names {duplicates} more than once, got {value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+@dataclasses.dataclass
+class PreprocessSpec(StageSpec):
+    """Spec of the ``data`` stage: validate, split, fit a scaler on the train split, write Parquet.
+
+    :param source: the input files: CSV (comma, or the UCI semicolon layout) or Parquet; local
+        paths, ``file://``, ``s3://``, ``gs://`` or ``http(s)://``. Files read together share a schema.
+    :param label_column: the column to predict.
+    :param feature_columns: input columns used as features; None: every column but the label and
+        ``drop_columns``. When given, any other column (except the label and ``drop_columns``) is
+        an error, so a changed input schema is noticed.
+    :param categorical_columns: feature columns one-hot encoded; None: the feature columns whose
+        values in the first rows of the first file are all non-numeric (the wine ``type``).
+    :param drop_columns: columns present in the input but not used.
+    :param split: fractions ``[train, validation, test]``, each >= 0, summing to 1, train > 0.
+    :param seed: the split seed: a row's split is a seeded hash of its content.
+    :param scaler: ``standard`` (mean, population std), ``minmax`` or ``none``.
+    :param nan_policy: ``fail`` on NaN/infinite/missing values, or ``drop`` those rows and count them.
+    :param label_range: ``[low, high]``: labels outside it are an error; None: no check.
+    :param delimiter: CSV delimiter, ``auto`` to detect it from each file's header.
+    :param file_format: ``auto`` (Parquet by suffix ``.parquet``/``.pq``, CSV otherwise), ``csv``
+        or ``parquet``.
+    :param max_categories: a categorical column with more distinct training values is an error.
+    :param override_num_blocks: Ray Data read parallelism; None lets Ray decide. The output does not
+        depend on it.
+    """
+
+    stage: ClassVar[str] = "data"
+    source: list[str] = dataclasses.field(default_factory=list)
+    label_column: str = "quality"
+    feature_columns: list[str] | None = None
+    categorical_columns: list[str] | None = None
+    drop_columns: list[str] = dataclasses.field(default_factory=list)
+    split: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.15, 0.15])
+    seed: int = 0
+    scaler: str = "standard"
+    nan_policy: str = "fail"
+    label_range: list[float] | None = None
+    delimiter: str = "auto"
+    file_format: str = "auto"
+    max_categories: int = 100
+    override_num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = "PreprocessSpec"
+        if isinstance(self.source, str):  # one URI is a list of one
+            self.source = [self.source]
+        _require_str_list(owner, "source", self.source, allow_none=False, allow_empty=False)
+        require_non_empty(owner, "label_column", self.label_column)
+        _require_str_list(owner, "feature_columns", self.feature_columns)
+        if self.feature_columns is not None and not self.feature_columns:
+            raise SpecError(f"{owner}.feature_columns must name at least one column or be null, got []")
+        _require_str_list(owner, "categorical_columns", self.categorical_columns)
+        _require_str_list(owner, "drop_columns", self.drop_columns, allow_none=False)
+        for name in ("feature_columns", "categorical_columns", "drop_columns"):
+            if self.label_column in (getattr(self, name) or []):
+                raise SpecError(f"{owner}.{name} must not contain the label column {self.label_column!r}")
+        if self.feature_columns is not None and self.categorical_columns is not None:
+            stray = sorted(set(self.categorical_columns) - set(self.feature_columns))
+            if stray:
+                raise SpecError(f"{owner}.categorical_columns {stray} are not in feature_columns {self.feature_columns!r}")
+        overlap = sorted(set(self.drop_columns) & set(self.feature_columns or []))
+        if overlap:
+            raise SpecError(f"{owner}: columns {overlap} are both features and dropped")
+        if (
+            not isinstance(self.split, list)
+            or len(self.split) != 3
+            or not all(_is_number(part) and part >= 0 for part in self.split)
+            or abs(sum(self.split) - 1.0) > 1e-9
+            or self.split[0] <= 0
+        ):
+            raise SpecError(
+                f"{owner}.split must be [train, validation, test] fractions >= 0 summing to 1 with "
+                f"train > 0, got {self.split!r}"
+            )
+        require_int_range(owner, "seed", self.seed, 0)
+        require_choice(owner, "scaler", self.scaler, SCALERS)
+        require_choice(owner, "nan_policy", self.nan_policy, NAN_POLICIES)
+        require_choice(owner, "delimiter", self.delimiter, DELIMITERS)
+        require_choice(owner, "file_format", self.file_format, FILE_FORMATS)
+        require_int_range(owner, "max_categories", self.max_categories, 1)
+        if self.override_num_blocks is not None:
+            require_int_range(owner, "override_num_blocks", self.override_num_blocks, 1)
+        if self.label_range is not None and (
+            not isinstance(self.label_range, list)
+            or len(self.label_range) != 2
+            or not all(_is_number(bound) for bound in self.label_range)
+            or self.label_range[0] > self.label_range[1]
+        ):
+            raise SpecError(f"{owner}.label_range must be [low, high] numbers with low <= high, got {self.label_range!r}")
+
+
+@dataclasses.dataclass
+class PreprocessResult(JsonDataclass):
+    """What the ``data`` stage wrote: the manifest returned as the XCom.
+
+    ``split_uris`` maps ``train``/``validation``/``test`` to Parquet directories (an empty split
+    has no directory and maps to None); ``preprocessor_uri`` is the fitted preprocessor's JSON,
+    ``profile_uri`` the data profile.
+    """
+
+    split_uris: dict[str, str | None]
+    preprocessor_uri: str
+    profile_uri: str
+    rows: dict[str, int]
+    rows_read: int
+    rows_dropped: int
+    feature_columns: list[str]
+    label_column: str
+    fingerprint: str

@@ -24,3 +24,6 @@ def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
     data = _xcom(dag_run, "demo_data")
     assert data["rows"] == 800 and sorted(os.path.basename(uri) for uri in data["data_uris"]) == [
         "winequality-red.csv", "winequality-white.csv"]
+    preprocessed = _xcom(dag_run, "preprocess")
+    assert preprocessed["rows"] == 800 and preprocessed["fingerprint"] == data["fingerprint"]
+    assert set(preprocessed["split_uris"]) == {"train", "validation", "test"}

@@ -1,0 +1,707 @@
+"""Stage ``data``: validate, split, fit a scaler on the train split and write Parquet with Ray Data.
+
+Two streaming passes over the sources, so a table larger than memory is never loaded whole:
+
+1. *profile*: every Ray Data batch is checked (non-numeric, NaN/infinite/missing values, labels
+   out of range) and summarised per split (row counts, mergeable moments, category and label
+   counts); the summaries are merged on the driver. Any failed check raises here, before anything
+   is written. Header checks (empty file, wrong delimiter, duplicate, missing or unexpected
+   columns) run even earlier, on the first bytes of each file, without Ray.
+2. *write*: every batch is split again and transformed by the preprocessor fitted on the train
+   split's summary, then written as Parquet partitioned by split.
+
+A row's split is a seeded hash of its content (the values of its used columns, in sorted column
+order), so the same input and seed give the same split membership whatever the block count, the
+number of CPUs, the order of the files or their format (UCI semicolon, comma CSV or Parquet).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from rayml import artifacts
+from rayml.errors import DataSourceError
+from rayml.preprocessor import Moments, Preprocessor
+from rayml.specs import PreprocessResult, PreprocessSpec
+from rayml.stage import run_stage
+from rayml.tables import HTTP_TIMEOUT_S, PARQUET_SUFFIXES, _colour_from_name, detect_delimiter
+from rayml.wine import TYPE_COLUMN
+
+log = logging.getLogger("rayml.data")
+
+SPLITS = ("train", "validation", "test")
+DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
+HEAD_BYTES = 64 * 1024
+SAMPLE_ROWS = 3
+HASH_CHUNK = 8 * 1024 * 1024
+PATH_COLUMN = "path"
+SPLIT_COLUMN = "split"
+# Values pyarrow's CSV reader turns into null in a float column (its default null_values), which
+# are missing values, not non-numeric ones.
+NULL_TOKENS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
+                         "1.#QNAN", "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null"})
+
+
+# -- sources and their headers -------------------------------------------------------------------
+
+@dataclass
+class SourceLayout:
+    """One input file as the header check found it.
+
+    :param uri: the source as the user named it (used in every message).
+    :param path: what Ray Data reads: a local path or an ``s3://``/``gs://`` URI.
+    :param derived: columns the file lacks but its name supplies (``type`` of the UCI red/white files).
+    """
+
+    uri: str
+    path: str
+    file_format: str
+    delimiter: str | None
+    columns: list[str]
+    derived: dict[str, str] = field(default_factory=dict)
+    head: bytes = b""
+
+    @property
+    def all_columns(self) -> list[str]:
+        return [*self.columns, *self.derived]
+
+
+def _download(uri: str, scratch: str) -> str:
+    """Stream an http(s) source into the scratch directory; return the local path."""
+    name = os.path.basename(uri.split("?", 1)[0].rstrip("/")) or "download"
+    target = os.path.join(scratch, f"{len(os.listdir(scratch))}-{name}")
+    try:
+        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as response, open(target, "wb") as out:
+            shutil.copyfileobj(response, out, HASH_CHUNK)
+    except (urllib.error.URLError, TimeoutError, OSError) as err:
+        raise DataSourceError(f"cannot download {uri!r}: {err}. Check the URL and the network") from err
+    return target
+
+
+def _reader_path(uri: str) -> str:
+    if uri.startswith("file://"):
+        return os.path.abspath(uri[len("file://"):])
+    if artifacts.is_remote(uri):
+        return uri
+    return os.path.abspath(os.path.expanduser(uri))
+
+
+def _open(path: str):
+    filesystem, inner = artifacts.resolve(path)
+    return filesystem, inner
+
+
+def _file_format(uri: str, spec: PreprocessSpec) -> str:
+    if spec.file_format != "auto":
+        return spec.file_format
+    return "parquet" if uri.lower().split("?", 1)[0].endswith(PARQUET_SUFFIXES) else "csv"
+
+
+def _duplicates(columns: list[str]) -> list[str]:
+    return sorted({column for column in columns if columns.count(column) > 1})
+
+
+def inspect_source(uri: str, path: str, spec: PreprocessSpec) -> SourceLayout:
+    """Check one file's header: not empty, the right delimiter, no duplicate column names."""
+    filesystem, inner = _open(path)
+    try:
+        info = filesystem.get_file_info(inner)
+        if info.type.name == "NotFound":
+            raise FileNotFoundError(inner)
+        size = info.size or 0
+    except Exception as err:
+        raise DataSourceError(f"cannot read {uri!r}: {err}. Give an existing local path or an s3://, gs:// or "
+                              "http(s):// URL") from err
+    if size == 0:
+        raise DataSourceError(f"{uri!r} is empty (0 bytes): give a file with a header row and data rows")
+    file_format = _file_format(uri, spec)
+    if file_format == "parquet":
+        import pyarrow.parquet as pq
+
+        with filesystem.open_input_file(inner) as handle:
+            parquet = pq.ParquetFile(handle)
+            columns = list(parquet.schema_arrow.names)
+            rows = parquet.metadata.num_rows
+        if rows == 0:
+            raise DataSourceError(f"{uri!r} has columns {columns} but no rows: give a file with data rows")
+        layout = SourceLayout(uri, path, "parquet", None, columns)
+    else:
+        with filesystem.open_input_stream(inner) as stream:
+            head = stream.read(HEAD_BYTES)
+        text = head.decode("utf-8-sig", errors="replace")
+        lines = text.splitlines()
+        if not lines or not lines[0].strip():
+            raise DataSourceError(f"{uri!r} has no header row on its first line: give a CSV file with a header")
+        if not any(line.strip() for line in lines[1:]):
+            raise DataSourceError(f"{uri!r} has a header ({lines[0][:200]!r}) but no data rows")
+        header = lines[0]
+        delimiter = detect_delimiter(header) if spec.delimiter == "auto" else spec.delimiter
+        columns = next(csv.reader([header], delimiter=delimiter, quotechar='"'))
+        others = [other for other in DELIMITER_NAMES if other != delimiter and any(other in c for c in columns)]
+        if others:
+            other = others[0]
+            raise DataSourceError(
+                f"{uri!r}: the header looks {DELIMITER_NAMES[other]}-separated ({other!r}) but is read as "
+                f"{DELIMITER_NAMES[delimiter]}-separated ({delimiter!r}): columns {columns}; first rows "
+                f"{lines[1:1 + SAMPLE_ROWS]}. Set delimiter={other!r} (or 'auto'); the UCI files use ';'"
+            )
+        layout = SourceLayout(uri, path, "csv", delimiter, columns, head=head)
+    duplicates = _duplicates(layout.columns)
+    if duplicates:
+        raise DataSourceError(
+            f"{uri!r} has duplicate column name(s) {duplicates} in its header {layout.columns}: "
+            "rename them so each column name is unique"
+        )
+    colour = _colour_from_name(uri)
+    if colour and TYPE_COLUMN not in layout.columns:
+        layout.derived[TYPE_COLUMN] = colour
+    return layout
+
+
+# -- which columns are what ----------------------------------------------------------------------
+
+@dataclass
+class ColumnPlan:
+    numeric: list[str]
+    categorical: list[str]
+    label: str
+
+    @property
+    def features(self) -> list[str]:
+        return [*self.numeric, *self.categorical]
+
+    @property
+    def used(self) -> list[str]:
+        return [*self.features, self.label]
+
+    @property
+    def hashed(self) -> list[str]:
+        """The columns whose values decide a row's split, in a fixed order."""
+        return sorted(self.used)
+
+
+def _looks_categorical(layout: SourceLayout, column: str) -> bool:
+    """True when every non-empty value of ``column`` in the file's first rows is non-numeric."""
+    if column in layout.derived:
+        return True
+    if layout.file_format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        filesystem, inner = _open(layout.path)
+        with filesystem.open_input_file(inner) as handle:
+            kind = pq.ParquetFile(handle).schema_arrow.field(column).type
+        return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind)
+    complete = layout.head[: layout.head.rfind(b"\n") + 1] or layout.head
+    sample = pd.read_csv(io.BytesIO(complete), sep=layout.delimiter, dtype=str, keep_default_na=False,
+                         usecols=[column], encoding="utf-8-sig")[column]
+    values = sample[~sample.str.strip().isin(NULL_TOKENS)]
+    return bool(len(values)) and bool(pd.to_numeric(values, errors="coerce").isna().all())
+
+
+def plan_columns(layouts: list[SourceLayout], spec: PreprocessSpec) -> ColumnPlan:
+    """Check the files' columns against each other and the spec; decide numeric vs categorical."""
+    first = layouts[0]
+    reference = first.all_columns
+    for layout in layouts[1:]:
+        missing = [c for c in reference if c not in layout.all_columns]
+        unexpected = [c for c in layout.all_columns if c not in reference]
+        if missing or unexpected:
+            raise DataSourceError(
+                f"{layout.uri!r} has columns {layout.all_columns} but {first.uri!r} has {reference}: "
+                f"missing {missing}, unexpected {unexpected}. Files read together must share one schema"
+            )
+    for layout in layouts:
+        if spec.label_column not in layout.all_columns:
+            raise DataSourceError(
+                f"{layout.uri!r} has no label column {spec.label_column!r}; its columns are "
+                f"{layout.all_columns}. Set label_column to one of them"
+            )
+        if spec.feature_columns is not None:
+            missing = [c for c in spec.feature_columns if c not in layout.all_columns]
+            if missing:
+                raise DataSourceError(
+                    f"{layout.uri!r} lacks feature column(s) {missing}; its columns are {layout.all_columns}"
+                )
+            allowed = {*spec.feature_columns, spec.label_column, *spec.drop_columns}
+            unexpected = [c for c in layout.all_columns if c not in allowed]
+            if unexpected:
+                raise DataSourceError(
+                    f"{layout.uri!r} has unexpected column(s) {unexpected} (not in feature_columns, the label "
+                    f"or drop_columns); add them to drop_columns to ignore them, or to feature_columns to use them"
+                )
+    features = spec.feature_columns or [
+        c for c in reference if c != spec.label_column and c not in spec.drop_columns
+    ]
+    if not features:
+        raise DataSourceError(f"{first.uri!r} has no feature columns besides the label {spec.label_column!r}")
+    if spec.categorical_columns is not None:
+        stray = [c for c in spec.categorical_columns if c not in features]
+        if stray:
+            raise DataSourceError(f"categorical column(s) {stray} are not feature columns of {first.uri!r}: {features}")
+        categorical = [c for c in features if c in spec.categorical_columns]
+    else:
+        categorical = [c for c in features if _looks_categorical(first, c)]
+    numeric = [c for c in features if c not in categorical]
+    return ColumnPlan(numeric, categorical, spec.label_column)
+
+
+# -- per-batch logic (pure pandas/numpy; Ray calls it on every batch) ----------------------------
+
+@dataclass
+class BatchContext:
+    """What every batch function needs, as JSON-able fields shipped to the Ray tasks."""
+
+    numeric: list[str]
+    categorical: list[str]
+    label: str
+    split: list[float]
+    seed: int
+    nan_policy: str
+    label_range: list[float] | None
+    sources: dict[str, str]  # the path Ray reports -> the source URI
+    derived: dict[str, dict[str, str]]  # source URI -> {column: value}
+
+    @property
+    def plan(self) -> ColumnPlan:
+        return ColumnPlan(self.numeric, self.categorical, self.label)
+
+    def source_of(self, path: str) -> str:
+        if path in self.sources:
+            return self.sources[path]
+        for known, uri in self.sources.items():  # stores differ in how they report paths
+            if known.endswith(path) or path.endswith(known.split("://", 1)[-1]):
+                return uri
+        return path
+
+
+def _hash_key(seed: int) -> str:
+    return hashlib.sha256(f"rayml-split-{seed}".encode()).hexdigest()[:16]
+
+
+def assign_splits(frame: pd.DataFrame, columns: list[str], fractions: list[float], seed: int) -> np.ndarray:
+    """Split index (0 train, 1 validation, 2 test) of each row, from a seeded hash of its values."""
+    if frame.empty:
+        return np.zeros(0, dtype="int8")
+    # Canonical types first: a value hashes the same whether it came from CSV, Parquet or pandas.
+    canonical = pd.DataFrame({
+        column: (frame[column].to_numpy(dtype="float64") if pd.api.types.is_numeric_dtype(frame[column])
+                 else frame[column].to_numpy(dtype=object))
+        for column in columns
+    })
+    hashed = pd.util.hash_pandas_object(canonical, index=False, hash_key=_hash_key(seed)).to_numpy()
+    uniform = (hashed >> np.uint64(11)).astype("float64") * 2.0**-53
+    bounds = np.cumsum(fractions)[:2]
+    return np.searchsorted(bounds, uniform, side="right").astype("int8")
+
+
+def normalise(batch: pd.DataFrame, ctx: BatchContext) -> tuple[pd.DataFrame, list[str], dict[str, dict]]:
+    """Return the used columns in canonical types, each row's source URI, and non-numeric findings.
+
+    Numeric columns become float64 (non-numeric strings, possible in Parquet, become NaN and are
+    reported); categorical columns become Python strings (missing: None).
+    """
+    paths = batch[PATH_COLUMN].astype(str) if PATH_COLUMN in batch.columns else pd.Series([""] * len(batch))
+    uris = paths.map({p: ctx.source_of(p) for p in paths.unique()}).to_numpy(dtype=object)
+    frame = pd.DataFrame(index=pd.RangeIndex(len(batch)))
+    non_numeric: dict[str, dict] = {}
+    for column in ctx.plan.used:
+        if column in batch.columns:
+            values = batch[column].reset_index(drop=True)
+        else:  # derived from the file name
+            values = pd.Series([ctx.derived.get(uri, {}).get(column) for uri in uris], dtype=object)
+        if column in ctx.categorical:
+            raw = values.astype(object)
+            frame[column] = raw.where(raw.notna(), None).map(lambda v: v if v is None else str(v))
+            continue
+        if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+            frame[column] = values.to_numpy(dtype="float64", na_value=np.nan)
+            continue
+        text = values.astype(object)
+        numbers = pd.to_numeric(text, errors="coerce")
+        bad = numbers.isna().to_numpy() & text.notna().to_numpy() & ~text.astype(str).str.strip().isin(NULL_TOKENS).to_numpy()
+        if bad.any():
+            non_numeric[column] = _finding(frame.assign(**{column: text}), uris, bad)
+        frame[column] = numbers.to_numpy(dtype="float64", na_value=np.nan)
+    return frame, list(uris), non_numeric
+
+
+def _finding(frame: pd.DataFrame, uris, mask: np.ndarray) -> dict[str, Any]:
+    """Count of the rows in ``mask`` per file, with a few of them as records."""
+    indexes = np.flatnonzero(mask)
+    files: dict[str, int] = {}
+    for index in indexes:
+        files[uris[index]] = files.get(uris[index], 0) + 1
+    samples = [{"file": uris[i], **{k: _jsonable(v) for k, v in frame.iloc[i].items()}} for i in indexes[:SAMPLE_ROWS]]
+    return {"count": int(len(indexes)), "files": files, "samples": samples}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if np.isfinite(value) else str(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    return value if isinstance(value, (str, int, bool)) else str(value)
+
+
+def _merge_finding(into: dict[str, dict], found: dict[str, dict]) -> None:
+    for column, finding in found.items():
+        current = into.setdefault(column, {"count": 0, "files": {}, "samples": []})
+        current["count"] += finding["count"]
+        for uri, count in finding["files"].items():
+            current["files"][uri] = current["files"].get(uri, 0) + count
+        current["samples"] = (current["samples"] + finding["samples"])[:SAMPLE_ROWS]
+
+
+def clean(frame: pd.DataFrame, uris: list[str], ctx: BatchContext) -> tuple[np.ndarray, dict[str, dict], dict]:
+    """Rows to keep, NaN/infinite/missing findings per column, and labels-out-of-range findings."""
+    bad_any = np.zeros(len(frame), dtype=bool)
+    non_finite: dict[str, dict] = {}
+    for column in [*ctx.numeric, ctx.label]:
+        bad = ~np.isfinite(frame[column].to_numpy())
+        if bad.any():
+            non_finite[column] = _finding(frame, uris, bad)
+            bad_any |= bad
+    for column in ctx.categorical:
+        bad = frame[column].isna().to_numpy()
+        if bad.any():
+            non_finite[column] = _finding(frame, uris, bad)
+            bad_any |= bad
+    out_of_range: dict[str, dict] = {}
+    if ctx.label_range is not None:
+        label = frame[ctx.label].to_numpy()
+        with np.errstate(invalid="ignore"):
+            outside = np.isfinite(label) & ((label < ctx.label_range[0]) | (label > ctx.label_range[1]))
+        if outside.any():
+            out_of_range[ctx.label] = _finding(frame, uris, outside)
+    return ~bad_any, non_finite, out_of_range
+
+
+def summarise(frame: pd.DataFrame, uris: list[str], ctx: BatchContext, non_numeric: dict) -> dict[str, Any]:
+    """The mergeable summary of one batch: findings, and per split counts and moments."""
+    keep, non_finite, out_of_range = clean(frame, uris, ctx)
+    kept = frame[keep]
+    splits = assign_splits(kept, ctx.plan.hashed, ctx.split, ctx.seed)
+    label = kept[ctx.label].to_numpy()
+    integral = bool(np.all(label == np.round(label)))
+    summary: dict[str, Any] = {
+        "rows": int(len(frame)), "kept": int(keep.sum()), "non_numeric": non_numeric,
+        "non_finite": non_finite, "label_out_of_range": out_of_range, "label_integral": integral, "splits": {},
+    }
+    numeric = kept[[*ctx.numeric, ctx.label]].to_numpy(dtype="float64")
+    for index, name in enumerate(SPLITS):
+        mask = splits == index
+        part = kept[mask]
+        summary["splits"][name] = {
+            "rows": int(mask.sum()),
+            "moments": Moments.of(numeric[mask]).to_dict(),
+            "categories": {c: {str(k): int(v) for k, v in part[c].value_counts().items()} for c in ctx.categorical},
+            "labels": ({_label_key(k): int(v) for k, v in part[ctx.label].value_counts().items()} if integral else {}),
+        }
+    return summary
+
+
+def _label_key(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def merge_summaries(summaries: Iterable[dict[str, Any]], width: int) -> dict[str, Any]:
+    total: dict[str, Any] = {
+        "rows": 0, "kept": 0, "non_numeric": {}, "non_finite": {}, "label_out_of_range": {}, "label_integral": True,
+        "splits": {name: {"rows": 0, "moments": Moments.empty(width), "categories": {}, "labels": {}} for name in SPLITS},
+    }
+    for summary in summaries:
+        total["rows"] += summary["rows"]
+        total["kept"] += summary["kept"]
+        for key in ("non_numeric", "non_finite", "label_out_of_range"):
+            _merge_finding(total[key], summary[key])
+        total["label_integral"] &= summary["label_integral"]
+        for name in SPLITS:
+            into, part = total["splits"][name], summary["splits"][name]
+            into["rows"] += part["rows"]
+            into["moments"] = into["moments"].merge(Moments.from_dict(part["moments"]))
+            for column, counts in part["categories"].items():
+                target = into["categories"].setdefault(column, {})
+                for value, count in counts.items():
+                    target[value] = target.get(value, 0) + count
+            for value, count in part["labels"].items():
+                into["labels"][value] = into["labels"].get(value, 0) + count
+    return total
+
+
+def raise_findings(total: dict[str, Any], ctx: BatchContext) -> None:
+    """Raise the first failed check with the file, the column and sample rows."""
+    def describe(finding: dict) -> str:
+        files = ", ".join(f"{uri!r} ({count} rows)" for uri, count in sorted(finding["files"].items()))
+        return f"in {files}; sample rows: {json.dumps(finding['samples'])}"
+
+    for column, finding in total["non_numeric"].items():
+        raise DataSourceError(
+            f"column {column!r} must be numeric but has {finding['count']} non-numeric value(s) {describe(finding)}. "
+            f"Fix the values, or list {column!r} in categorical_columns if it is a category"
+        )
+    if total["non_finite"] and ctx.nan_policy == "fail":
+        column, finding = next(iter(total["non_finite"].items()))
+        others = sorted(set(total["non_finite"]) - {column})
+        raise DataSourceError(
+            f"column {column!r} has {finding['count']} NaN, infinite or missing value(s) {describe(finding)}"
+            + (f"; columns {others} have some too" if others else "")
+            + ". Clean the data, or set nan_policy='drop' to drop those rows and count them"
+        )
+    for column, finding in total["label_out_of_range"].items():
+        raise DataSourceError(
+            f"label column {column!r} has {finding['count']} value(s) outside label_range {ctx.label_range} "
+            f"{describe(finding)}. Fix the labels or widen label_range"
+        )
+    if total["splits"]["train"]["rows"] == 0:
+        raise DataSourceError(
+            f"no training rows: {total['rows']} rows read, {total['rows'] - total['kept']} dropped, "
+            f"split {ctx.split}. Give more data or a larger train fraction"
+        )
+
+
+def transform(frame: pd.DataFrame, uris: list[str], ctx: BatchContext, preprocessor: Preprocessor,
+              label_integral: bool) -> pd.DataFrame:
+    """The rows of one batch as written: model inputs, the label and the split name."""
+    keep, _, _ = clean(frame, uris, ctx)
+    kept = frame[keep].reset_index(drop=True)
+    out = preprocessor.transform(kept)
+    label = kept[ctx.label].to_numpy()
+    out[ctx.label] = label.astype("int64") if label_integral else label
+    out[SPLIT_COLUMN] = np.asarray(SPLITS, dtype=object)[assign_splits(kept, ctx.plan.hashed, ctx.split, ctx.seed)]
+    return out
+
+
+def _summarise_batch(batch: pd.DataFrame, ctx: BatchContext) -> dict[str, list]:
+    frame, uris, non_numeric = normalise(batch, ctx)
+    return {"summary": [json.dumps(summarise(frame, uris, ctx, non_numeric))]}
+
+
+def _transform_batch(batch: pd.DataFrame, ctx: BatchContext, preprocessor: dict, label_integral: bool) -> pd.DataFrame:
+    frame, uris, _ = normalise(batch, ctx)
+    return transform(frame, uris, ctx, Preprocessor.from_dict(preprocessor), label_integral)
+
+
+# -- Ray Data ------------------------------------------------------------------------------------
+
+def _connect() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(logging_level=logging.WARNING, log_to_driver=False)  # RAY_ADDRESS in a job
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    context.enable_progress_bars = False
+
+
+def read_dataset(layouts: list[SourceLayout], plan: ColumnPlan, spec: PreprocessSpec):
+    """One Ray Dataset over every source, with only the used columns and a ``path`` column."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import ray.data
+
+    groups: dict[tuple, list[str]] = {}
+    for layout in layouts:
+        groups.setdefault((layout.file_format, layout.delimiter, tuple(layout.columns)), []).append(layout.path)
+    datasets = []
+    for (file_format, delimiter, columns), paths in groups.items():
+        used = [c for c in columns if c in plan.used]
+        if file_format == "csv":
+            types = {c: (pa.string() if c in plan.categorical else pa.float64()) for c in used}
+            datasets.append(ray.data.read_csv(
+                paths, include_paths=True, partitioning=None, override_num_blocks=spec.override_num_blocks,
+                parse_options=pacsv.ParseOptions(delimiter=delimiter),
+                convert_options=pacsv.ConvertOptions(column_types=types, include_columns=used),
+            ))
+        else:
+            datasets.append(ray.data.read_parquet(
+                paths, columns=used, include_paths=True, partitioning=None,
+                override_num_blocks=spec.override_num_blocks,
+            ))
+    return datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
+
+
+def diagnose_csv(layouts: list[SourceLayout], plan: ColumnPlan, chunk_rows: int = 200_000) -> None:
+    """After the typed read failed: find the non-numeric values, streaming each file with pandas."""
+    for layout in layouts:
+        if layout.file_format != "csv":
+            continue
+        numeric = [c for c in layout.columns if c in plan.numeric or c == plan.label]
+        filesystem, inner = _open(layout.path)
+        with filesystem.open_input_stream(inner) as stream:
+            chunks = pd.read_csv(stream, sep=layout.delimiter, dtype=str, keep_default_na=False,
+                                 chunksize=chunk_rows, encoding="utf-8-sig")
+            for number, chunk in enumerate(chunks):
+                for column in numeric:
+                    text = chunk[column]
+                    bad = pd.to_numeric(text, errors="coerce").isna() & ~text.str.strip().isin(NULL_TOKENS)
+                    if bad.any():
+                        rows = chunk[bad].head(SAMPLE_ROWS)
+                        samples = [{"line": int(number * chunk_rows + index + 2), **row}
+                                   for index, row in zip(rows.index - chunk.index[0], rows.to_dict("records"))]
+                        raise DataSourceError(
+                            f"column {column!r} must be numeric but {layout.uri!r} has non-numeric value(s) "
+                            f"{sorted(set(text[bad].head(10)))}; sample rows: {json.dumps(samples)}. Fix the values, "
+                            f"or list {column!r} in categorical_columns if it is a category"
+                        )
+
+
+def _fingerprint(layouts: list[SourceLayout], out: dict[str, str]) -> None:
+    """sha256 over the files' bytes in source order (what ``generate`` reports for its files)."""
+    digest = hashlib.sha256()
+    for layout in layouts:
+        filesystem, inner = _open(layout.path)
+        with filesystem.open_input_stream(inner) as stream:
+            while chunk := stream.read(HASH_CHUNK):
+                digest.update(chunk)
+    out["fingerprint"] = "sha256:" + digest.hexdigest()
+
+
+def _stats(moments: Moments, columns: list[str]) -> dict[str, dict[str, float | None]]:
+    std = moments.std
+    result = {}
+    for index, column in enumerate(columns):
+        if moments.count == 0:
+            result[column] = {"count": 0}
+            continue
+        result[column] = {"count": moments.count, "mean": float(moments.mean[index]), "std": float(std[index]),
+                          "min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
+    return result
+
+
+def build_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec, layouts: list[SourceLayout],
+                  fingerprint: str) -> dict[str, Any]:
+    columns = [*plan.numeric, plan.label]
+    overall = Moments.empty(len(columns))
+    for name in SPLITS:
+        overall = overall.merge(total["splits"][name]["moments"])
+    return {
+        "fingerprint": fingerprint,
+        "sources": [{"uri": l.uri, "format": l.file_format, "delimiter": l.delimiter, "columns": l.all_columns}
+                    for l in layouts],
+        "rows": {"read": total["rows"], "dropped": total["rows"] - total["kept"],
+                 **{name: total["splits"][name]["rows"] for name in SPLITS}},
+        "dropped_by_column": {c: f["count"] for c, f in total["non_finite"].items()},
+        "split": {"fractions": spec.split, "seed": spec.seed,
+                  "method": "seeded hash of each row's used values (sorted column order)"},
+        "columns": _stats(overall, columns),
+        "columns_by_split": {name: _stats(total["splits"][name]["moments"], columns) for name in SPLITS},
+        "categories": {c: {name: total["splits"][name]["categories"].get(c, {}) for name in SPLITS}
+                       for c in plan.categorical},
+        "label": {"column": plan.label, "integral": total["label_integral"],
+                  "distribution": ({name: dict(sorted(total["splits"][name]["labels"].items(), key=lambda kv: float(kv[0])))
+                                    for name in SPLITS} if total["label_integral"] else None)},
+    }
+
+
+def run_preprocess(spec: PreprocessSpec) -> PreprocessResult:
+    """Validate, split, fit and write everything ``spec`` asks for; return what was written."""
+    scratch = tempfile.mkdtemp(prefix="rayml-data-")
+    try:
+        return _run(spec, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
+    layouts = []
+    for uri in spec.source:
+        path = _download(uri, scratch) if uri.startswith(("http://", "https://")) else _reader_path(uri)
+        layouts.append(inspect_source(uri, path, spec))
+    plan = plan_columns(layouts, spec)
+    log.info("sources %s: numeric %s, categorical %s, label %r", spec.source, plan.numeric, plan.categorical, plan.label)
+    ctx = BatchContext(plan.numeric, plan.categorical, plan.label, list(spec.split), spec.seed, spec.nan_policy,
+                       spec.label_range, {l.path: l.uri for l in layouts}, {l.uri: l.derived for l in layouts})
+
+    fingerprint: dict[str, str] = {}
+    hasher = threading.Thread(target=_fingerprint, args=(layouts, fingerprint), daemon=True)
+    hasher.start()
+    _connect()
+    dataset = read_dataset(layouts, plan, spec)
+    try:
+        rows = dataset.map_batches(_summarise_batch, batch_format="pandas", fn_kwargs={"ctx": ctx}).take_all()
+    except Exception:
+        # The typed CSV read fails on the first non-numeric value with a message naming neither
+        # the row nor (reliably) the column: find them, or re-raise the original error.
+        diagnose_csv(layouts, plan)
+        raise
+    total = merge_summaries((json.loads(row["summary"]) for row in rows), len(plan.numeric) + 1)
+    raise_findings(total, ctx)
+    dropped = total["rows"] - total["kept"]
+    if dropped:
+        log.warning("dropped %d of %d rows with NaN, infinite or missing values: %s", dropped, total["rows"],
+                    {c: f["count"] for c, f in total["non_finite"].items()})
+
+    train = total["splits"]["train"]
+    categories = {}
+    for column in plan.categorical:
+        values = sorted(train["categories"].get(column, {}))
+        if len(values) > spec.max_categories:
+            raise DataSourceError(
+                f"categorical column {column!r} has {len(values)} distinct training values (more than "
+                f"max_categories={spec.max_categories}), e.g. {values[:5]}: drop it or raise max_categories"
+            )
+        categories[column] = values
+    width = len(plan.numeric)
+    train_moments = Moments(train["moments"].count, train["moments"].mean[:width], train["moments"].m2[:width],
+                            train["moments"].minimum[:width], train["moments"].maximum[:width])
+    preprocessor = Preprocessor.fit(spec.scaler, plan.numeric, train_moments, categories, plan.label)
+    hasher.join()
+
+    # Everything is valid: now write.
+    splits_dir = artifacts.join(spec.artifact_dir, "splits")
+    artifacts.makedirs(spec.artifact_dir)
+    output = dataset.map_batches(
+        _transform_batch, batch_format="pandas",
+        fn_kwargs={"ctx": ctx, "preprocessor": preprocessor.to_dict(), "label_integral": total["label_integral"]},
+    )
+    output.write_parquet(_ray_uri(splits_dir), partition_cols=[SPLIT_COLUMN])
+    preprocessor_uri = artifacts.join(spec.artifact_dir, "preprocessor.json")
+    artifacts.write_bytes_atomic(preprocessor_uri, preprocessor.to_json().encode("utf-8"))
+    profile_uri = artifacts.join(spec.artifact_dir, "profile.json")
+    artifacts.write_json_atomic(profile_uri, build_profile(total, plan, spec, layouts, fingerprint.get("fingerprint", "")))
+    counts = {name: total["splits"][name]["rows"] for name in SPLITS}
+    return PreprocessResult(
+        split_uris={name: (artifacts.join(splits_dir, f"{SPLIT_COLUMN}={name}") if counts[name] else None)
+                    for name in SPLITS},
+        preprocessor_uri=preprocessor_uri,
+        profile_uri=profile_uri,
+        rows=counts,
+        rows_read=total["rows"],
+        rows_dropped=dropped,
+        feature_columns=preprocessor.output_columns,
+        label_column=plan.label,
+        fingerprint=fingerprint.get("fingerprint", ""),
+    )
+
+
+def _ray_uri(uri: str) -> str:
+    return uri if artifacts.is_remote(uri) else _reader_path(uri)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(PreprocessSpec, run_preprocess, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

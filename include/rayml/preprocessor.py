@@ -1,0 +1,187 @@
+"""The fitted preprocessor: one-hot encoding and scaling, saved as JSON, applied with plain numpy.
+
+The ``data`` stage fits it on the training split only (from :class:`Moments` merged across Ray
+Data batches) and writes it as JSON: column lists, categories and statistics, nothing executable,
+so loading it needs no pickle. :meth:`Preprocessor.transform` is the one code path that turns a
+pandas batch into model inputs, used by the stage when it writes the splits and by serving.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rayml.errors import DataSourceError, SpecError
+
+FORMAT = "rayml.preprocessor/1"
+ONE_HOT_SEPARATOR = "="
+
+
+@dataclass
+class Moments:
+    """Count, mean, sum of squared deviations, min and max of several columns, mergeable.
+
+    Merging uses Chan et al.'s pairwise update, which stays accurate where ``sum(x**2)`` would not.
+    """
+
+    count: int
+    mean: np.ndarray
+    m2: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+
+    @classmethod
+    def empty(cls, width: int) -> "Moments":
+        return cls(0, np.zeros(width), np.zeros(width), np.full(width, np.inf), np.full(width, -np.inf))
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "Moments":
+        """Moments of a 2-D array (rows x columns) of finite floats."""
+        if values.shape[0] == 0:
+            return cls.empty(values.shape[1])
+        mean = values.mean(axis=0)
+        return cls(int(values.shape[0]), mean, ((values - mean) ** 2).sum(axis=0),
+                   values.min(axis=0), values.max(axis=0))
+
+    def merge(self, other: "Moments") -> "Moments":
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.count / count)
+        m2 = self.m2 + other.m2 + delta**2 * (self.count * other.count / count)
+        return Moments(count, mean, m2, np.minimum(self.minimum, other.minimum),
+                       np.maximum(self.maximum, other.maximum))
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviation (ddof=0), as scikit-learn's and Ray Data's scalers use."""
+        return np.sqrt(self.m2 / self.count) if self.count else np.full(self.mean.shape, np.nan)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(),
+                "minimum": self.minimum.tolist(), "maximum": self.maximum.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Moments":
+        return cls(int(data["count"]), *(np.asarray(data[key], dtype="float64")
+                                         for key in ("mean", "m2", "minimum", "maximum")))
+
+
+
+@dataclass
+class Preprocessor:
+    """Numeric scaling and one-hot encoding, fitted on the training split.
+
+    :param scaler: ``standard`` (``(x - mean) / std``), ``minmax`` (``(x - min) / (max - min)``)
+        or ``none``. A constant column (std or range 0) is only centred/shifted, never divided by 0.
+    :param numeric_columns: input columns scaled, in output order.
+    :param categories: per categorical column, its training categories in output order; a value
+        not seen in training encodes as all zeros.
+    :param statistics: per numeric column ``{"mean", "std"}`` or ``{"min", "max"}``.
+    :param label_column: the label, kept out of the features.
+    """
+
+    scaler: str
+    numeric_columns: list[str]
+    categories: dict[str, list[str]] = field(default_factory=dict)
+    statistics: dict[str, dict[str, float]] = field(default_factory=dict)
+    label_column: str = ""
+
+    @classmethod
+    def fit(cls, scaler: str, numeric_columns: list[str], moments: Moments,
+            categories: dict[str, list[str]], label_column: str) -> "Preprocessor":
+        """Build the preprocessor from the training split's moments and categories."""
+        statistics: dict[str, dict[str, float]] = {}
+        if scaler == "standard":
+            for index, column in enumerate(numeric_columns):
+                statistics[column] = {"mean": float(moments.mean[index]), "std": float(moments.std[index])}
+        elif scaler == "minmax":
+            for index, column in enumerate(numeric_columns):
+                statistics[column] = {"min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
+        return cls(scaler, list(numeric_columns), {k: list(v) for k, v in categories.items()}, statistics, label_column)
+
+    @property
+    def input_columns(self) -> list[str]:
+        return [*self.numeric_columns, *self.categories]
+
+    @property
+    def output_columns(self) -> list[str]:
+        one_hot = [f"{column}{ONE_HOT_SEPARATOR}{value}" for column, values in self.categories.items() for value in values]
+        return [*self.numeric_columns, *one_hot]
+
+    def _scale_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per numeric column: subtract the first array, divide by the second."""
+        width = len(self.numeric_columns)
+        if self.scaler == "none":
+            return np.zeros(width), np.ones(width)
+        if self.scaler == "standard":
+            shift = np.array([self.statistics[c]["mean"] for c in self.numeric_columns], dtype="float64")
+            scale = np.array([self.statistics[c]["std"] for c in self.numeric_columns], dtype="float64")
+        else:
+            shift = np.array([self.statistics[c]["min"] for c in self.numeric_columns], dtype="float64")
+            scale = np.array([self.statistics[c]["max"] - self.statistics[c]["min"] for c in self.numeric_columns],
+                             dtype="float64")
+        return shift, np.where(scale > 0, scale, 1.0)
+
+    def transform(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Return the model inputs for ``frame`` (raw columns) as float64 columns in output order."""
+        missing = [column for column in self.input_columns if column not in frame.columns]
+        if missing:
+            raise DataSourceError(
+                f"the batch lacks column(s) {missing} that the preprocessor needs; it has {list(frame.columns)}"
+            )
+        shift, scale = self._scale_arrays()
+        numeric = frame[self.numeric_columns].to_numpy(dtype="float64", copy=True)
+        numeric -= shift
+        numeric /= scale
+        parts = [numeric]
+        for column, values in self.categories.items():
+            raw = frame[column].to_numpy(dtype=object)
+            parts.append(np.stack([raw == value for value in values], axis=1).astype("float64")
+                         if values else np.zeros((len(frame), 0)))
+        matrix = np.concatenate(parts, axis=1) if len(parts) > 1 else numeric
+        return pd.DataFrame(matrix, columns=self.output_columns, index=frame.index)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "scaler": self.scaler, "numeric_columns": self.numeric_columns,
+                "categories": self.categories, "statistics": self.statistics,
+                "label_column": self.label_column, "output_columns": self.output_columns}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Preprocessor":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise SpecError(f"not a preprocessor in format {FORMAT!r}: found {found!r}")
+        preprocessor = cls(data["scaler"], list(data["numeric_columns"]),
+                           {k: list(v) for k, v in data["categories"].items()},
+                           {k: {s: float(x) for s, x in v.items()} for k, v in data["statistics"].items()},
+                           data.get("label_column", ""))
+        if data.get("output_columns") not in (None, preprocessor.output_columns):
+            raise SpecError(f"preprocessor JSON is inconsistent: output_columns {data['output_columns']!r} "
+                            f"do not match its columns and categories")
+        return preprocessor
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Preprocessor":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SpecError(f"preprocessor JSON is not valid JSON: {err}") from err
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, uri: str) -> "Preprocessor":
+        """Read a preprocessor written by the ``data`` stage (local path, s3://, gs://)."""
+        from rayml import artifacts
+
+        return cls.from_json(artifacts.read_bytes(uri))

@@ -1,0 +1,17 @@
+"""A small DAG for the data stage: generate the demo data, then preprocess it on Ray Data."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from operators.ray_data import RayDataPreprocessOperator
+from operators.ray_job import RayJobOperator
+
+with DAG(dag_id="data_preprocess", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as data_preprocess:
+    demo_data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 800, "seed": 3},
+                               poll_interval_s=0.3)
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=5,
+                                           poll_interval_s=0.3)  # source: demo_data's data_uris
+    demo_data >> preprocess

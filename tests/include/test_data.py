@@ -1,0 +1,345 @@
+"""The data stage: validation, the deterministic split, the JSON preprocessor, and Ray Data runs.
+
+Pure logic is tested in-process. The integration tests run every stage call in one driver process
+connected to the session's real Ray cluster (one Ray start-up for all of them), then check each
+outcome here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayml import wine
+from rayml.data import assign_splits
+from rayml.errors import SpecError
+from rayml.preprocessor import Moments, Preprocessor
+from rayml.specs import PreprocessSpec
+from tests.conftest import ROOT
+
+SEED = 5
+FRACTIONS = [0.7, 0.15, 0.15]
+HASHED = sorted([*wine.FEATURES, wine.TYPE_COLUMN, wine.LABEL])
+
+
+@pytest.fixture(scope="module")
+def frame() -> pd.DataFrame:
+    return wine.generate(rows=600, seed=11)
+
+
+def _train_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[assign_splits(frame, HASHED, FRACTIONS, SEED) == 0]
+
+
+def _pieces(table: pd.DataFrame, count: int) -> list[pd.DataFrame]:
+    bounds = np.linspace(0, len(table), count + 1).astype(int)
+    return [table.iloc[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
+# -- pure logic ----------------------------------------------------------------------------------
+
+def test_split_assignment_same_rows_whatever_the_batching(frame):
+    whole = assign_splits(frame, HASHED, FRACTIONS, SEED)
+    shuffled = frame.sample(frac=1.0, random_state=1)
+    pieces = np.concatenate([assign_splits(part, HASHED, FRACTIONS, SEED) for part in _pieces(shuffled, 7)])
+    assert (pd.Series(pieces, index=shuffled.index).sort_index().to_numpy() == whole).all()
+    counts = np.bincount(whole, minlength=3) / len(frame)
+    assert np.allclose(counts, FRACTIONS, atol=0.06)
+
+
+def test_split_assignment_other_seed_moves_rows(frame):
+    assert (assign_splits(frame, HASHED, FRACTIONS, SEED) != assign_splits(frame, HASHED, FRACTIONS, SEED + 1)).any()
+
+
+def test_moments_merged_from_pieces_equal_numpy_on_the_whole():
+    values = np.random.default_rng(0).normal(50, 9, size=(1000, 3))
+    merged = Moments.empty(3)
+    for part in np.array_split(values, 9):
+        merged = merged.merge(Moments.of(part))
+    assert merged.count == 1000
+    np.testing.assert_allclose(merged.mean, values.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(merged.std, values.std(axis=0, ddof=0), rtol=1e-12)
+    np.testing.assert_array_equal(merged.minimum, values.min(axis=0))
+
+
+@pytest.mark.parametrize("scaler", ["standard", "minmax", "none"])
+def test_preprocessor_json_round_trip_transforms_a_batch_identically(frame, scaler):
+    columns = list(wine.FEATURES)
+    fitted = Preprocessor.fit(scaler, columns, Moments.of(frame[columns].to_numpy()), {"type": ["red", "white"]},
+                              "quality")
+    loaded = Preprocessor.from_json(fitted.to_json())
+    assert loaded == fitted
+    batch = frame.sample(20, random_state=3)
+    pd.testing.assert_frame_equal(loaded.transform(batch), fitted.transform(batch))
+    out = loaded.transform(frame)
+    assert list(out.columns) == [*columns, "type=red", "type=white"]
+    assert (out["type=red"] == (frame["type"] == "red")).all()
+    if scaler == "standard":
+        np.testing.assert_allclose(out[columns].mean(), 0, atol=1e-9)
+        np.testing.assert_allclose(out[columns].std(ddof=0), 1, atol=1e-9)
+    elif scaler == "minmax":
+        assert out[columns].min().min() == 0 and out[columns].max().max() == 1
+
+
+def test_preprocessor_unseen_category_and_constant_column_are_safe():
+    batch = pd.DataFrame({"x": [2.0, 2.0], "colour": ["red", "rosé"]})
+    fitted = Preprocessor.fit("standard", ["x"], Moments.of(np.array([[2.0], [2.0]])), {"colour": ["red"]}, "y")
+    out = fitted.transform(batch)
+    assert out["x"].tolist() == [0.0, 0.0] and out["colour=red"].tolist() == [1.0, 0.0]
+
+
+def test_preprocessor_json_with_wrong_format_is_refused():
+    with pytest.raises(SpecError, match="not a preprocessor"):
+        Preprocessor.from_json('{"format": "pickle"}')
+
+
+@pytest.mark.parametrize(
+    ("fields", "quoted"),
+    [
+        ({"source": []}, "source must be a list of non-empty strings with at least one item, got []"),
+        ({"split": [0.5, 0.5]}, "got [0.5, 0.5]"),
+        ({"split": [0.0, 0.5, 0.5]}, "got [0.0, 0.5, 0.5]"),
+        ({"scaler": "robust"}, "got 'robust'"),
+        ({"nan_policy": "ignore"}, "got 'ignore'"),
+        ({"label_range": [10, 0]}, "got [10, 0]"),
+        ({"feature_columns": ["quality"]}, "must not contain the label column 'quality'"),
+        ({"delimiter": "|"}, "got '|'"),
+    ],
+)
+def test_preprocess_spec_bad_value_is_quoted(fields, quoted):
+    with pytest.raises(SpecError) as raised:
+        PreprocessSpec(**{"artifact_dir": "/tmp/a", "source": ["/x.csv"], **fields})
+    assert quoted in str(raised.value)
+
+
+def test_preprocess_spec_round_trips_and_takes_one_source_string():
+    spec = PreprocessSpec(artifact_dir="/tmp/a", source="/x.csv", label_range=[3, 9], scaler="minmax")
+    assert spec.source == ["/x.csv"]
+    assert PreprocessSpec.from_json(spec.to_json()) == spec
+
+
+# -- against the real Ray cluster ----------------------------------------------------------------
+
+RUNNER = """
+import json, sys, traceback
+import ray, rayml, os
+ray.init(runtime_env={"py_modules": [os.path.dirname(rayml.__file__)]}, logging_level="WARNING",
+         log_to_driver=False)
+from rayml.data import run_preprocess
+from rayml.specs import PreprocessSpec
+outcomes = {}
+for name, fields in json.load(open(sys.argv[1])).items():
+    try:
+        outcomes[name] = {"result": run_preprocess(PreprocessSpec(**fields)).to_dict()}
+    except Exception as err:
+        outcomes[name] = {"error": f"{type(err).__name__}: {err}"}
+json.dump(outcomes, open(sys.argv[2], "w"))
+"""
+
+
+def _write_inputs(folder, frame: pd.DataFrame) -> dict[str, list[str]]:
+    """The same rows as UCI files, one comma CSV, five comma CSV shards and Parquet; and bad files."""
+    paths: dict[str, list[str]] = {}
+    paths["uci"] = []
+    for colour in ("red", "white"):
+        path = folder / f"winequality-{colour}.csv"
+        path.write_bytes(wine.to_uci_csv(frame[frame[wine.TYPE_COLUMN] == colour]))
+        paths["uci"].append(str(path))
+    frame.to_csv(folder / "wine.csv", index=False)
+    paths["csv"] = [str(folder / "wine.csv")]
+    shuffled = frame.sample(frac=1.0, random_state=2)
+    paths["shards"] = []
+    for index, part in enumerate(_pieces(shuffled, 5)):
+        part.to_csv(folder / f"shard-{index}.csv", index=False)
+        paths["shards"].append(str(folder / f"shard-{index}.csv"))
+    frame.to_parquet(folder / "wine.parquet", index=False)
+    paths["parquet"] = [str(folder / "wine.parquet")]
+
+    def bad(name: str, table: pd.DataFrame | None = None, text: str | None = None) -> None:
+        path = folder / name
+        if text is not None:
+            path.write_text(text)
+        else:
+            table.to_csv(path, index=False)
+        paths[name] = [str(path)]
+
+    small = frame.head(40).copy()
+    text_values = small.astype({"alcohol": object})
+    text_values.loc[7, "alcohol"] = "twelve"
+    bad("non_numeric.csv", text_values)
+    with_nan = small.copy()
+    with_nan.loc[[3, 9], "pH"] = np.nan
+    bad("nan.csv", with_nan)
+    with_inf = small.copy()
+    with_inf.loc[5, "density"] = np.inf
+    bad("inf.csv", with_inf)
+    out_of_range = small.copy()
+    out_of_range.loc[11, "quality"] = 42
+    bad("label_range.csv", out_of_range)
+    bad("empty.csv", text="")
+    bad("header_only.csv", text=",".join(small.columns) + "\n")
+    bad("wrong_delimiter.csv", text=wine.to_uci_csv(small[small[wine.TYPE_COLUMN] == "red"]).decode())
+    bad("duplicate.csv", text=small.to_csv(index=False).replace("chlorides", "pH", 1))
+    bad("missing.csv", small.drop(columns=["sulphates"]))
+    bad("unexpected.csv", small.assign(vintage=2020))
+    return paths
+
+
+VALIDATION_CASES = {
+    # name: (file, extra spec fields, what the error must say, its sample)
+    "non_numeric": ("non_numeric.csv", {}, "'alcohol' must be numeric", "twelve"),
+    "nan": ("nan.csv", {}, "'pH' has 2 NaN, infinite or missing", "nan_policy='drop'"),
+    "inf": ("inf.csv", {}, "'density' has 1 NaN, infinite or missing", '"density": "inf"'),
+    "label_range": ("label_range.csv", {"label_range": [0, 10]}, "outside label_range [0, 10]", '"quality": 42'),
+    "empty": ("empty.csv", {}, "is empty", None),
+    "header_only": ("header_only.csv", {}, "but no data rows", None),
+    "wrong_delimiter": ("wrong_delimiter.csv", {"delimiter": ","}, "looks semicolon-separated", "delimiter=';'"),
+    "duplicate": ("duplicate.csv", {}, "duplicate column name(s) ['pH']", None),
+    "missing": ("missing.csv", {"feature_columns": list(wine.FEATURES) + ["type"]}, "lacks feature column(s) ['sulphates']", None),
+    "unexpected": ("unexpected.csv", {"feature_columns": list(wine.FEATURES) + ["type"]}, "unexpected column(s) ['vintage']", None),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(ray_cluster, frame, tmp_path_factory):
+    """Run every stage call of this module in one driver connected to the test cluster."""
+    folder = tmp_path_factory.mktemp("data_stage")
+    inputs = _write_inputs(folder, frame)
+    common = {"seed": SEED, "split": FRACTIONS, "label_range": [0, 10]}
+    specs = {
+        "uci": {"source": inputs["uci"], **common},
+        "csv_one_block": {"source": inputs["csv"], "override_num_blocks": 1, **common},
+        "csv_shards_many_blocks": {"source": inputs["shards"], "override_num_blocks": 8, **common},
+        "parquet": {"source": inputs["parquet"], **common},
+        "nan_dropped": {"source": inputs["nan.csv"], "nan_policy": "drop", "seed": SEED},
+        "minmax": {"source": inputs["csv"], "scaler": "minmax", "seed": SEED},
+    }
+    for name, (file, fields, _, _) in VALIDATION_CASES.items():
+        specs[f"invalid_{name}"] = {"source": inputs[file], "seed": SEED, **fields}
+    for name, fields in specs.items():
+        fields["artifact_dir"] = str(folder / "out" / name)
+    (folder / "specs.json").write_text(json.dumps(specs))
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "RAY_AUTH_TOKEN": ray_cluster.token,
+           "RAY_AUTH_MODE": "token", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
+    done = subprocess.run([sys.executable, "-c", RUNNER, str(folder / "specs.json"), str(folder / "outcomes.json")],
+                          env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    outcomes = json.loads((folder / "outcomes.json").read_text())
+    return {name: {**outcome, "artifact_dir": specs[name]["artifact_dir"]} for name, outcome in outcomes.items()}
+
+
+def _result(runs, name: str) -> dict:
+    assert "error" not in runs[name], runs[name]["error"]
+    return runs[name]["result"]
+
+
+def _split(result: dict, name: str) -> pd.DataFrame:
+    """A written split as a sorted table of rounded values, comparable across runs."""
+    table = pd.read_parquet(result["split_uris"][name])
+    table = table[[*result["feature_columns"], result["label_column"]]].round(9)
+    return table.sort_values(list(table.columns)).reset_index(drop=True)
+
+
+@pytest.mark.integration
+def test_data_stage_same_input_and_seed_same_splits_whatever_blocks_and_files(runs):
+    one_block, many = _result(runs, "csv_one_block"), _result(runs, "csv_shards_many_blocks")
+    assert one_block["rows"] == many["rows"] and sum(one_block["rows"].values()) == 600
+    for name in ("train", "validation", "test"):
+        pd.testing.assert_frame_equal(_split(one_block, name), _split(many, name))
+
+
+@pytest.mark.integration
+def test_data_stage_uci_semicolon_comma_csv_and_parquet_give_the_same_result(runs):
+    uci, csv, parquet = (_result(runs, name) for name in ("uci", "csv_one_block", "parquet"))
+    assert uci["rows"] == csv["rows"] == parquet["rows"]
+    fitted = [Preprocessor.load(result["preprocessor_uri"]) for result in (uci, csv, parquet)]
+    assert fitted[0].categories == fitted[1].categories == fitted[2].categories == {"type": ["red", "white"]}
+    for other in fitted[1:]:
+        for column, stats in fitted[0].statistics.items():
+            assert other.statistics[column] == pytest.approx(stats, rel=1e-12)
+    for name in ("train", "validation", "test"):
+        pd.testing.assert_frame_equal(_split(uci, name), _split(csv, name))
+        pd.testing.assert_frame_equal(_split(parquet, name), _split(csv, name))
+
+
+@pytest.mark.integration
+def test_data_stage_scaler_statistics_equal_numpy_on_the_train_split(runs, frame):
+    result = _result(runs, "csv_one_block")
+    train = _train_rows(frame)
+    assert result["rows"]["train"] == len(train)
+    fitted = Preprocessor.load(result["preprocessor_uri"])
+    for column in wine.FEATURES:
+        values = train[column].to_numpy()
+        assert fitted.statistics[column]["mean"] == pytest.approx(values.mean(), rel=1e-12)
+        assert fitted.statistics[column]["std"] == pytest.approx(values.std(ddof=0), rel=1e-12)
+    written = pd.read_parquet(result["split_uris"]["train"])
+    np.testing.assert_allclose(written[list(wine.FEATURES)].mean(), 0, atol=1e-9)
+    np.testing.assert_allclose(written[list(wine.FEATURES)].std(ddof=0), 1, atol=1e-9)
+    minmax = Preprocessor.load(_result(runs, "minmax")["preprocessor_uri"])
+    assert minmax.statistics["alcohol"] == {"min": train["alcohol"].min(), "max": train["alcohol"].max()}
+
+
+@pytest.mark.integration
+def test_data_stage_saved_preprocessor_transforms_raw_rows_like_the_written_split(runs, frame):
+    result = _result(runs, "uci")
+    loaded = Preprocessor.from_json(open(result["preprocessor_uri"]).read())
+    train = _train_rows(frame)
+    served = loaded.transform(train).assign(quality=train["quality"].to_numpy()).round(9)
+    served = served.sort_values(list(served.columns)).reset_index(drop=True)
+    pd.testing.assert_frame_equal(served, _split(result, "train"), check_dtype=False)
+
+
+@pytest.mark.integration
+def test_data_stage_profile_and_manifest_describe_the_outputs(runs, frame):
+    result = _result(runs, "uci")
+    profile = json.load(open(result["profile_uri"]))
+    assert profile["rows"] == {"read": 600, "dropped": 0, **result["rows"]}
+    assert profile["fingerprint"] == result["fingerprint"].strip() and result["fingerprint"].startswith("sha256:")
+    assert profile["columns"]["alcohol"]["mean"] == pytest.approx(frame["alcohol"].mean(), rel=1e-12)
+    distribution = profile["label"]["distribution"]
+    assert sum(sum(counts.values()) for counts in distribution.values()) == 600
+    assert profile["categories"]["type"]["train"]["red"] + profile["categories"]["type"]["train"]["white"] == result["rows"]["train"]
+    assert json.load(open(os.path.join(result["profile_uri"].rsplit("/", 1)[0], "profile.json"))) == profile
+
+
+@pytest.mark.integration
+def test_data_stage_nan_policy_drop_counts_the_dropped_rows(runs):
+    result = _result(runs, "nan_dropped")
+    assert result["rows_dropped"] == 2 and result["rows_read"] == 40 and sum(result["rows"].values()) == 38
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", sorted(VALIDATION_CASES))
+def test_data_stage_invalid_input_names_file_column_and_rows_and_writes_nothing(runs, case):
+    file, _, message, sample = VALIDATION_CASES[case]
+    outcome = runs[f"invalid_{case}"]
+    assert "error" in outcome, f"{case} passed validation: {outcome}"
+    error = outcome["error"]
+    assert error.startswith("DataSourceError: ") and file in error and message in error, error
+    if sample:
+        assert sample in error, error
+    assert not os.path.exists(outcome["artifact_dir"])
+
+
+# -- the operator in a DAG -----------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_preprocess_operator_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn):
+    from tests.operators.test_ray_job import _run, _xcom
+
+    dag_run = _run("data_preprocess")
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "preprocess")
+    generated = _xcom(dag_run, "demo_data")
+    assert manifest["status"] == "succeeded" and manifest["stage"] == "data"
+    assert manifest["rows_read"] == 800 and sum(manifest["rows"].values()) == 800
+    assert manifest["fingerprint"] == generated["fingerprint"]
+    assert "type=red" in manifest["feature_columns"]
+    assert Preprocessor.load(manifest["preprocessor_uri"]).scaler == "standard"
+    assert len(pd.read_parquet(manifest["split_uris"]["train"])) == manifest["rows"]["train"]
