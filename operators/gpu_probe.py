@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from operators.errors import GPUNotAvailableError
+from operators.links.ray import RAY_JOB_XCOM_KEY
 from operators.ray_job import RayJobOperator
 from rayml.probe import NodeResources, plan_cpu
 from rayml.specs import ComputeSpec
@@ -73,6 +74,11 @@ class GPUProbeOperator(RayJobOperator):
                 f"the Ray cluster advertises no GPU ({len(nodes)} node(s), {total_cpus:g} CPUs)",
                 decided_in_s=round(time.monotonic() - started, 3),
             )
+            # No job ran: the task's "Ray job" link shows the cluster page the decision came from.
+            context["ti"].xcom_push(key=RAY_JOB_XCOM_KEY, value={
+                "dashboard_url": self.hook.dashboard_url, "submission_id": None,
+                "job_url": f"{self.hook.dashboard_url}/#/cluster",
+            })
             return self._conclude(compute)
         return self._conclude_manifest(super().execute(context))
 

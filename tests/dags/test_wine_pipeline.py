@@ -25,5 +25,5 @@ def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
     assert data["rows"] == 800 and sorted(os.path.basename(uri) for uri in data["data_uris"]) == [
         "winequality-red.csv", "winequality-white.csv"]
     preprocessed = _xcom(dag_run, "preprocess")
-    assert preprocessed["rows"] == 800 and preprocessed["fingerprint"] == data["fingerprint"]
+    assert sum(preprocessed["rows"].values()) == 800 and preprocessed["fingerprint"] == data["fingerprint"]
     assert set(preprocessed["split_uris"]) == {"train", "validation", "test"}
