@@ -31,6 +31,8 @@ XGBOOST_MODEL = "model.ubj"
 
 def _as_features(features: Any, n_features: int) -> np.ndarray:
     array = np.asarray(features, dtype=np.float32)
+    if not array.flags.writeable:  # torch.from_numpy warns on read-only arrays (e.g. from Arrow)
+        array = array.copy()
     if array.ndim == 1:
         array = array.reshape(1, -1)
     if array.ndim != 2 or array.shape[1] != n_features:
