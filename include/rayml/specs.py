@@ -326,3 +326,186 @@ class PreprocessResult(JsonDataclass):
     feature_columns: list[str]
     label_column: str
     fingerprint: str
+
+
+FAMILIES = ("lightning", "xgboost")
+DATA_LOADING = ("auto", "ray_data", "direct")
+
+LIGHTNING_DEFAULTS: dict[str, Any] = {
+    "hidden_sizes": [64, 32],
+    "dropout": 0.1,
+    "lr": 3e-3,
+    "weight_decay": 1e-4,
+    "batch_size": 128,
+    "max_epochs": 30,
+    "patience": 5,
+}
+"""Lightning MLP hyperparameters used where the config does not name them."""
+
+XGBOOST_DEFAULTS: dict[str, Any] = {
+    "max_depth": 6,
+    "eta": 0.1,
+    "subsample": 0.8,
+    "colsample_bytree": 0.8,
+    "min_child_weight": 1.0,
+    "reg_lambda": 1.0,
+    "num_boost_round": 200,
+    "early_stopping_rounds": 20,
+}
+"""XGBoost booster parameters used where the config does not name them."""
+
+# Keys a config may carry besides hyperparameters: RayTune's best config has its own bookkeeping.
+_CONFIG_IGNORED = ("family", "seed", "trial_id", "score")
+
+
+def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Merge a (possibly partial) config over the family's defaults; raise SpecError on a bad one."""
+    if not isinstance(config, dict):
+        raise SpecError(f"TrainSpec.config must be a JSON object, got {config!r}")
+    family = config.get("family", "lightning")
+    require_choice("TrainSpec", "config['family']", family, FAMILIES)
+    defaults = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
+    unknown = sorted(set(config) - set(defaults) - set(_CONFIG_IGNORED))
+    if unknown and family == "lightning":
+        raise SpecError(
+            f"TrainSpec.config has unknown lightning hyperparameter(s) {unknown}; known: {sorted(defaults)}"
+        )
+    resolved = {**defaults, **{k: v for k, v in config.items() if k not in _CONFIG_IGNORED}, "family": family}
+    owner = "TrainSpec.config"
+    if family == "lightning":
+        sizes = resolved["hidden_sizes"]
+        if not isinstance(sizes, list) or not sizes or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes
+        ):
+            raise SpecError(f"{owner}['hidden_sizes'] must be a non-empty list of positive integers, got {sizes!r}")
+        for name in ("lr", "weight_decay", "dropout"):
+            value = resolved[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SpecError(f"{owner}[{name!r}] must be a number >= 0, got {value!r}")
+        if resolved["dropout"] >= 1:
+            raise SpecError(f"{owner}['dropout'] must be below 1, got {resolved['dropout']!r}")
+        for name in ("batch_size", "max_epochs"):
+            require_int_range(owner, repr(name), resolved[name], 1)
+        require_int_range(owner, "'patience'", resolved["patience"], 0)
+    else:
+        # Unknown keys go to the booster as they are (XGBoost has many); the ones we use are checked.
+        require_int_range(owner, "'max_depth'", resolved["max_depth"], 0)
+        require_int_range(owner, "'num_boost_round'", resolved["num_boost_round"], 1)
+        require_int_range(owner, "'early_stopping_rounds'", resolved["early_stopping_rounds"], 0)
+        for name in ("eta", "subsample", "colsample_bytree"):
+            value = resolved[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise SpecError(f"{owner}[{name!r}] must be a number in (0, 1], got {value!r}")
+    return resolved
+
+
+@dataclasses.dataclass
+class TrainSpec(StageSpec):
+    """Spec of the ``train`` stage: fit one model family on Ray Train and write a model directory.
+
+    :param train_uri: Parquet file or directory of the preprocessed training split.
+    :param validation_uri: the validation split (early stopping and validation metrics).
+    :param test_uri: the held-out test split (the model card's test metrics).
+    :param feature_columns: the numeric feature columns, in the order the model takes them.
+    :param label_column: the regression target.
+    :param preprocessor_uri: a preprocessor JSON copied unchanged into the model directory, or None.
+    :param data_fingerprint: the upstream data's fingerprint, recorded in the model card.
+    :param config: ``family`` (``lightning`` or ``xgboost``) and hyperparameters; a RayTune best
+        config can be passed as is. Missing hyperparameters take the family's defaults.
+    :param compute: the GPU probe's compute spec (``ComputeSpec`` as a dict); default: one CPU worker.
+    :param num_workers: Ray Train workers; 0 runs Train's local mode (the loop runs in the job's
+        own process: no actor start-up, but no worker to restart from a checkpoint either). None
+        sizes from the data: below ``scale_out_min_rows`` training rows local mode on CPU and one
+        worker on GPU, from there the compute spec's ``num_workers``.
+    :param scale_out_min_rows: training rows from which the stage uses the compute spec's workers.
+    :param gpu_placement_timeout_s: how long to wait for the GPU workers' placement before
+        training on CPU instead.
+    :param max_failures: worker failures Ray Train recovers from (from the last checkpoint).
+    :param checkpoint_every: checkpoint (and report) every N epochs (lightning) or rounds (xgboost);
+        0: every epoch, or every tenth of the rounds.
+    :param data_loading: ``ray_data`` (the splits as Ray Datasets, sharded by Ray Train),
+        ``direct`` (each worker reads the Parquet files with pyarrow: no Ray Data start-up), or
+        ``auto``: ``ray_data`` from ``scale_out_min_rows`` training rows, ``direct`` below.
+    :param seed: the random seed; the same seed gives the same metrics on CPU.
+    :param model_subdir: the model directory's name under ``artifact_dir``.
+    """
+
+    stage: ClassVar[str] = "train"
+    train_uri: str = ""
+    validation_uri: str = ""
+    test_uri: str = ""
+    feature_columns: list[str] = dataclasses.field(default_factory=list)
+    label_column: str = "quality"
+    preprocessor_uri: str | None = None
+    data_fingerprint: str = ""
+    config: dict[str, Any] = dataclasses.field(default_factory=lambda: {"family": "lightning"})
+    compute: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: ComputeSpec.cpu("default: no compute spec given").to_dict()
+    )
+    num_workers: int | None = None
+    scale_out_min_rows: int = 200_000
+    gpu_placement_timeout_s: float = 60.0
+    max_failures: int = 2
+    checkpoint_every: int = 0
+    data_loading: str = "auto"
+    seed: int = 42
+    model_subdir: str = "model"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("train_uri", "validation_uri", "test_uri", "label_column", "model_subdir"):
+            require_non_empty("TrainSpec", name, getattr(self, name))
+        if not isinstance(self.feature_columns, list) or not self.feature_columns or any(
+            not isinstance(column, str) or not column for column in self.feature_columns
+        ):
+            raise SpecError(f"TrainSpec.feature_columns must be a non-empty list of column names, got {self.feature_columns!r}")
+        if self.label_column in self.feature_columns:
+            raise SpecError(f"TrainSpec.label_column {self.label_column!r} is also listed in feature_columns")
+        if self.preprocessor_uri is not None:
+            require_non_empty("TrainSpec", "preprocessor_uri", self.preprocessor_uri)
+        if not isinstance(self.data_fingerprint, str):
+            raise SpecError(f"TrainSpec.data_fingerprint must be a string, got {self.data_fingerprint!r}")
+        resolve_train_config(self.config)
+        ComputeSpec.from_dict(self.compute)
+        if self.num_workers is not None:
+            require_int_range("TrainSpec", "num_workers", self.num_workers, 0)
+        require_int_range("TrainSpec", "scale_out_min_rows", self.scale_out_min_rows, 1)
+        require_int_range("TrainSpec", "max_failures", self.max_failures, -1)
+        require_int_range("TrainSpec", "checkpoint_every", self.checkpoint_every, 0)
+        require_int_range("TrainSpec", "seed", self.seed, 0)
+        require_choice("TrainSpec", "data_loading", self.data_loading, DATA_LOADING)
+        value = self.gpu_placement_timeout_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise SpecError(f"TrainSpec.gpu_placement_timeout_s must be a number of seconds >= 0, got {value!r}")
+
+    @property
+    def family(self) -> str:
+        return self.config.get("family", "lightning")
+
+    def resolved_config(self) -> dict[str, Any]:
+        return resolve_train_config(self.config)
+
+
+@dataclasses.dataclass
+class TrainResult(JsonDataclass):
+    """What the ``train`` stage returns (flattened into its manifest and the XCom).
+
+    :param model_dir: URI of the model directory (model card, checkpoint, preprocessor).
+    :param family: ``lightning`` or ``xgboost``.
+    :param metrics: ``{"validation": {...}, "test": {...}}`` with rmse, mae, acc_0_5, acc_1_0.
+    :param baseline: the mean predictor's test RMSE (``{"test_rmse": ...}``).
+    :param config: the hyperparameters actually used (defaults filled in).
+    :param model_version: a short unique id of this model.
+    :param compute_used: workers, CPUs, GPUs and device actually used, and any GPU fallback.
+    :param training: epochs or rounds run, restarts and the checkpoint resumed from, timings.
+    """
+
+    model_dir: str
+    family: str
+    metrics: dict[str, dict[str, float]]
+    baseline: dict[str, float]
+    config: dict[str, Any]
+    model_version: str
+    compute_used: dict[str, Any]
+    training: dict[str, Any]
+    data_fingerprint: str = ""

@@ -1,0 +1,84 @@
+"""The baseline for bench_train.py: plain Lightning or plain XGBoost on the same splits, no Ray.
+
+Run in a fresh process (imports included in the time), like the Ray job it is compared with.
+Prints one JSON line: test RMSE and the training time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.monotonic()
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "include")]
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def _arrays(path: str, features: list[str], label: str):
+    frame = pd.read_parquet(path, columns=[*features, label])
+    return frame[features].to_numpy(np.float32), frame[label].to_numpy(np.float32)
+
+
+def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, seed: int) -> np.ndarray:
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from rayml.models.mlp import lightning_module
+    from rayml.specs import LIGHTNING_DEFAULTS
+
+    pl.seed_everything(seed, verbose=False)
+    torch.set_num_threads(1)
+    (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
+    config = {**LIGHTNING_DEFAULTS, "max_epochs": epochs}
+    module = lightning_module(config, len(features), float(train_y.mean()))
+    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         deterministic=True)
+    trainer.fit(module,
+                DataLoader(TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
+                           batch_size=config["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed)),
+                DataLoader(TensorDataset(torch.from_numpy(val_x), torch.from_numpy(val_y)), batch_size=4096))
+    with torch.inference_mode():
+        return module.model.eval()(torch.from_numpy(test_x)).numpy()
+
+
+def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int) -> np.ndarray:
+    import xgboost
+
+    from rayml.specs import XGBOOST_DEFAULTS
+
+    (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
+    params = {key: value for key, value in XGBOOST_DEFAULTS.items() if key not in ("num_boost_round", "early_stopping_rounds")}
+    params.update(objective="reg:squarederror", eval_metric="rmse", tree_method="hist", seed=seed, nthread=1,
+                  base_score=float(train_y.mean()))
+    booster = xgboost.train(params, xgboost.DMatrix(train_x, label=train_y, feature_names=features), rounds,
+                            evals=[(xgboost.DMatrix(val_x, label=val_y, feature_names=features), "validation")],
+                            verbose_eval=False)
+    return booster.predict(xgboost.DMatrix(test_x, feature_names=features))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--family", choices=("lightning", "xgboost"), required=True)
+    parser.add_argument("--splits", required=True, help="JSON: train/validation/test Parquet paths")
+    parser.add_argument("--features", required=True, help="JSON list of feature columns")
+    parser.add_argument("--label", default="quality")
+    parser.add_argument("--iterations", type=int, required=True, help="epochs or boosting rounds")
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    splits, features = json.loads(args.splits), json.loads(args.features)
+    run = plain_lightning if args.family == "lightning" else plain_xgboost
+    predictions = run(splits, features, args.label, args.iterations, args.seed)
+    test_y = pd.read_parquet(splits["test"], columns=[args.label])[args.label].to_numpy(np.float64)
+    rmse = float(np.sqrt(np.mean((predictions - test_y) ** 2)))
+    print(json.dumps({"family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED}))
+
+
+if __name__ == "__main__":
+    main()

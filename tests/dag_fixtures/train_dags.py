@@ -1,0 +1,52 @@
+"""DAGs for the RayTrainOperator tests: the splits and config come from the run conf."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from operators.gpu_probe import GPUProbeOperator
+from operators.ray_train import RayTrainOperator
+
+START = datetime(2026, 1, 1)
+DATA = {
+    "train_uri": "{{ dag_run.conf['train_uri'] }}",
+    "validation_uri": "{{ dag_run.conf['validation_uri'] }}",
+    "test_uri": "{{ dag_run.conf['test_uri'] }}",
+    "feature_columns": "{{ dag_run.conf['feature_columns'] }}",
+    "preprocessor_uri": "{{ dag_run.conf['preprocessor_uri'] }}",
+    "data_fingerprint": "{{ dag_run.conf['data_fingerprint'] }}",
+    "config": "{{ dag_run.conf['config'] }}",
+}
+
+
+def _train_dag(dag_id: str, probe: bool = False, **train_kwargs) -> DAG:
+    with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False,
+             render_template_as_native_obj=True) as dag:
+        if probe:
+            train_kwargs["compute"] = "{{ ti.xcom_pull('probe') }}"
+        train = RayTrainOperator(task_id="train", poll_interval_s=0.3, **DATA, **train_kwargs)
+        if probe:
+            GPUProbeOperator(task_id="probe") >> train
+    return dag
+
+
+# Probe, then train with its compute spec (a CPU one on the tests' cluster); the run conf's config
+# stands in for RayTune's best config.
+train_lightning = _train_dag("train_lightning", probe=True)
+train_xgboost = _train_dag("train_xgboost", probe=True)
+# One real Ray Train worker (not local mode) so there is a worker process to kill.
+train_resume = _train_dag("train_resume", num_workers=1, checkpoint_every=1, max_failures=2)
+# A GPU compute spec on a cluster that has no GPU: the placement never comes.
+train_gpu_fallback = _train_dag(
+    "train_gpu_fallback", ray_conn_id="ray_no_gpu", gpu_placement_timeout_s=3,
+    compute={"use_gpu": True, "gpus_per_worker": 1, "num_workers": 1, "cpus_per_worker": 1,
+             "accelerator": "gpu", "reason": "test: a GPU compute spec"},
+)
+# Whatever GPU the cluster has (the gpu-marked test points ray_gpu at a cluster with a real one).
+train_gpu = _train_dag(
+    "train_gpu", ray_conn_id="ray_gpu", gpu_placement_timeout_s=30,
+    compute={"use_gpu": True, "gpus_per_worker": 1, "num_workers": 1, "cpus_per_worker": 1,
+             "accelerator": "gpu", "reason": "test: a real GPU"},
+)

@@ -1,0 +1,124 @@
+"""The train stage's Ray-free parts: its spec, right-sizing, metrics and the model loader."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from rayml import artifacts
+from rayml.errors import ArtifactError, SpecError
+from rayml.metrics import regression_metrics
+from rayml.models import load_model
+from rayml.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
+from rayml.train import plan_workers, run_name
+
+DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
+        "test_uri": "/d/test.parquet", "feature_columns": ["x1", "x2", "x3"]}
+GPU = {"use_gpu": True, "gpus_per_worker": 1, "num_workers": 2, "cpus_per_worker": 1.5, "accelerator": "gpu",
+       "reason": "2 GPUs"}
+
+
+def test_train_spec_defaults_round_trip_through_json():
+    spec = TrainSpec(**DATA)
+    assert TrainSpec.from_json(spec.to_json()) == spec
+    assert spec.family == "lightning" and spec.resolved_config()["hidden_sizes"] == [64, 32]
+    assert ComputeSpec.from_dict(spec.compute).use_gpu is False
+
+
+def test_train_spec_tune_best_config_is_taken_as_is_with_defaults_filled():
+    config = resolve_train_config({"family": "xgboost", "max_depth": 8, "eta": 0.05, "trial_id": "t1", "gamma": 0.1})
+    assert config["max_depth"] == 8 and config["eta"] == 0.05 and config["gamma"] == 0.1
+    assert config["num_boost_round"] == XGBOOST_DEFAULTS["num_boost_round"] and "trial_id" not in config
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"config": {"family": "sklearn"}}, "must be one of \\['lightning', 'xgboost'\\], got 'sklearn'"),
+        ({"config": {"family": "lightning", "hidden_sizes": [64, 0]}}, "hidden_sizes.*got \\[64, 0\\]"),
+        ({"config": {"family": "lightning", "hiden_sizes": [8]}}, "unknown lightning hyperparameter.*hiden_sizes"),
+        ({"config": {"family": "lightning", "dropout": 1.5}}, "dropout.*got 1.5"),
+        ({"config": {"family": "xgboost", "subsample": 0}}, "subsample.*got 0"),
+        ({"feature_columns": []}, "feature_columns must be a non-empty list.*got \\[\\]"),
+        ({"label_column": "x1"}, "label_column 'x1' is also listed"),
+        ({"compute": {"use_gpu": "yes"}}, "ComputeSpec"),
+        ({"num_workers": -1}, "num_workers must be an integer >= 0, got -1"),
+        ({"gpu_placement_timeout_s": -2}, "gpu_placement_timeout_s.*got -2"),
+        ({"data_loading": "stream"}, "data_loading must be one of.*got 'stream'"),
+    ],
+)
+def test_train_spec_bad_value_raises_quoting_it(fields, message):
+    with pytest.raises(SpecError, match=message):
+        TrainSpec(**{**DATA, **fields})
+
+
+def test_plan_workers_small_data_uses_local_mode_on_cpu_and_one_worker_on_gpu():
+    cpu = ComputeSpec.cpu("cpu", num_workers=4)
+    assert plan_workers(TrainSpec(**DATA), cpu, 6_000)[0] == 0
+    assert plan_workers(TrainSpec(**DATA, compute=GPU), ComputeSpec.from_dict(GPU), 6_000)[0] == 1
+
+
+def test_plan_workers_large_data_uses_the_compute_specs_workers_unless_told():
+    cpu = ComputeSpec.cpu("cpu", num_workers=3)
+    workers, reason = plan_workers(TrainSpec(**DATA), cpu, 500_000)
+    assert workers == 3 and "500000 training rows >= scale_out_min_rows=200000" in reason
+    assert plan_workers(TrainSpec(**DATA, num_workers=1), cpu, 500_000)[0] == 1
+
+
+def test_run_name_differs_per_task_run_and_repeats_for_its_retries():
+    assert run_name("/r/dag/run1/train") == run_name("/r/dag/run1/train")
+    assert run_name("/r/dag/run1/train") != run_name("/r/dag/run2/train")
+
+
+def test_regression_metrics_count_tolerances_inclusively():
+    metrics = regression_metrics([5, 6, 7, 8], [5.5, 6, 8, 6])
+    assert metrics["acc_0_5"] == 0.5 and metrics["acc_1_0"] == 0.75
+    assert metrics["mae"] == pytest.approx(0.875) and metrics["rmse"] == pytest.approx(np.sqrt(5.25 / 4))
+
+
+def _card(family: str) -> dict:
+    return {"family": family, "feature_columns": ["x1", "x2", "x3"], "label_column": "quality"}
+
+
+def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
+    import torch
+
+    from rayml.models.mlp import MLPRegressor, model_config
+
+    torch.manual_seed(0)
+    module = MLPRegressor(3, [8, 4], dropout=0.2, label_offset=5.5).eval()
+    buffer = io.BytesIO()
+    torch.save(module.state_dict(), buffer)
+    (tmp_path / "model.pt").write_bytes(buffer.getvalue())
+    (tmp_path / "model_config.json").write_text(json.dumps(model_config(3, [8, 4], 0.2, 5.5)))
+    (tmp_path / "model_card.json").write_text(json.dumps(_card("lightning")))
+    features = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    model = load_model(str(tmp_path))
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(features)).numpy()
+    np.testing.assert_allclose(model.predict(features), expected, rtol=1e-6)
+    assert model.card["family"] == "lightning" and model.predict(features[0]).shape == (1,)
+
+
+def test_load_model_xgboost_ubj_predicts_like_the_booster(tmp_path):
+    import xgboost
+
+    rng = np.random.default_rng(0)
+    features, labels = rng.normal(size=(200, 3)).astype(np.float32), rng.normal(size=200)
+    booster = xgboost.train({"max_depth": 2}, xgboost.DMatrix(features, label=labels, feature_names=["x1", "x2", "x3"]), 5)
+    (tmp_path / "model.ubj").write_bytes(bytes(booster.save_raw("ubj")))
+    (tmp_path / "model_card.json").write_text(json.dumps(_card("xgboost")))
+    model = load_model(str(tmp_path))
+    expected = booster.predict(xgboost.DMatrix(features, feature_names=["x1", "x2", "x3"]))
+    np.testing.assert_allclose(model.predict(features), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"expected features of shape \(rows, 3\), got \(200, 2\)"):
+        model.predict(features[:, :2])
+
+
+def test_load_model_unknown_family_raises(tmp_path):
+    artifacts.write_json_atomic(str(tmp_path / "model_card.json"), _card("sklearn"))
+    with pytest.raises(ArtifactError, match="unknown family 'sklearn'"):
+        load_model(str(tmp_path))

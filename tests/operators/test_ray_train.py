@@ -1,0 +1,254 @@
+"""RayTrainOperator end to end: dag.test() runs the train stage as a Ray job on a real local cluster."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from operators.errors import RayOperatorError
+from operators.ray_train import RayTrainOperator
+from rayml.models import load_model
+from rayml.specs import ComputeSpec
+from tests.conftest import load_dag
+from tests.operators.test_ray_job import _xcom
+from tests.train_data import load_split, write_splits
+
+LOGICAL_DATE = datetime(2026, 4, 1, tzinfo=timezone.utc)
+SMALL_LIGHTNING = {"family": "lightning", "hidden_sizes": [32, 16], "max_epochs": 12, "patience": 3}
+# Shaped like RayTune's best config: extra bookkeeping keys are ignored, missing ones defaulted.
+TUNED_XGBOOST = {"family": "xgboost", "max_depth": 4, "eta": 0.15, "num_boost_round": 80, "trial_id": "abc"}
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory) -> dict:
+    return write_splits(tmp_path_factory.mktemp("train-data"), rows=6497, seed=7)
+
+
+def _run(dag_id: str, splits: dict, config: dict, logical_date: datetime = LOGICAL_DATE):
+    conf = {key: value for key, value in splits.items() if key != "label_column"}
+    return load_dag(dag_id).test(logical_date=logical_date, run_after=logical_date,
+                                 run_conf={**conf, "config": config})
+
+
+def _predictions_inside(manifest: dict) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(Path(manifest["artifact_dir"]) / "evaluation" / "test.npz", allow_pickle=False) as data:
+        return data["y_true"], data["y_pred"]
+
+
+def _assert_trained_well(manifest: dict, splits: dict, family: str) -> None:
+    assert manifest["status"] == "succeeded" and manifest["family"] == family
+    test, baseline = manifest["metrics"]["test"], manifest["baseline"]["test_rmse"]
+    assert test["rmse"] < 0.85 * baseline, (test, baseline)  # a clear margin over the mean predictor
+    assert set(manifest["metrics"]["validation"]) == {"rmse", "mae", "acc_0_5", "acc_1_0"}
+    assert test["acc_1_0"] > test["acc_0_5"] > 0.3
+    model_dir = Path(manifest["model_dir"])
+    card = json.loads((model_dir / "model_card.json").read_text())
+    assert card["family"] == family and card["model_version"] == manifest["model_version"]
+    assert card["feature_columns"] == splits["feature_columns"] and card["label_column"] == "quality"
+    assert card["data_fingerprint"] == splits["data_fingerprint"] and card["metrics"] == manifest["metrics"]
+    assert card["compute"]["device"] == "cpu" and card["compute"]["gpu_fallback"] is False
+    assert "ray" in card["framework_versions"] and card["trained_at"]
+    assert (model_dir / "preprocessor.json").read_bytes() == Path(splits["preprocessor_uri"]).read_bytes()
+    # Outside Ray, without pickle, the model predicts what the worker predicted inside Ray.
+    model = load_model(str(model_dir))
+    test_x, test_y = load_split(splits["test_uri"], card["feature_columns"])
+    labels_inside, predictions_inside = _predictions_inside(manifest)
+    np.testing.assert_array_equal(labels_inside, test_y)
+    np.testing.assert_allclose(model.predict(test_x), predictions_inside, rtol=1e-5, atol=1e-5)
+    assert model.card["model_version"] == manifest["model_version"]
+
+
+@pytest.mark.integration
+def test_train_lightning_with_probed_compute_beats_baseline_and_loads_outside_ray(airflow_db, ray_conn, splits):
+    dag_run = _run("train_lightning", splits, SMALL_LIGHTNING)
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "train")
+    _assert_trained_well(manifest, splits, "lightning")
+    model_dir = Path(manifest["model_dir"])
+    assert json.loads((model_dir / "model_config.json").read_text())["hidden_sizes"] == [32, 16]
+    assert manifest["config"]["hidden_sizes"] == [32, 16] and manifest["config"]["lr"] > 0  # defaults filled
+    used = manifest["compute_used"]
+    assert used["requested"]["reason"].startswith("the Ray cluster advertises no GPU")  # the probe's XCom
+    assert used["local_mode"] is True and used["num_workers"] == 0  # right-sized: wine scale
+
+
+@pytest.mark.integration
+def test_train_lightning_rerun_with_same_seed_gives_same_metrics(airflow_db, ray_conn, splits):
+    first = _xcom(_run("train_lightning", splits, SMALL_LIGHTNING), "train")
+    second_run = _run("train_lightning", splits, SMALL_LIGHTNING, logical_date=LOGICAL_DATE + timedelta(days=1))
+    second = _xcom(second_run, "train")
+    assert second["artifact_dir"] != first["artifact_dir"]  # a new Airflow run: a new run name
+    assert second["training"]["run_name"] != first["training"]["run_name"]
+    assert second["metrics"] == first["metrics"]
+
+
+@pytest.mark.integration
+def test_train_xgboost_with_tune_config_beats_baseline_and_loads_outside_ray(airflow_db, ray_conn, splits):
+    dag_run = _run("train_xgboost", splits, TUNED_XGBOOST)
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "train")
+    _assert_trained_well(manifest, splits, "xgboost")
+    assert (Path(manifest["model_dir"]) / "model.ubj").stat().st_size > 1000
+    assert manifest["config"]["max_depth"] == 4 and "trial_id" not in manifest["config"]
+    assert manifest["config"]["subsample"] == 0.8  # a default filled in
+
+
+def _kill_first_worker_after_a_checkpoint(artifact_root: str, killed: list[int], stop: threading.Event) -> None:
+    """Wait for the rank-0 worker's pid file and two checkpoints, then SIGKILL that worker.
+
+    A checkpoint directory appears while it is uploaded, before the controller registers it; once
+    the second exists, the first is registered (each report completes before the next epoch).
+    """
+    deadline = time.monotonic() + 240
+    while not stop.is_set() and time.monotonic() < deadline:
+        runs = glob.glob(os.path.join(artifact_root, "train_resume", "*", "train"))
+        for run in runs:
+            pids = glob.glob(os.path.join(run, "workers", "rank0-pid*.json"))
+            checkpoints = glob.glob(os.path.join(run, "train_runs", "*", "checkpoint_*"))
+            if pids and len(checkpoints) >= 2:
+                pid = json.loads(Path(pids[0]).read_text())["pid"]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+def test_train_worker_killed_mid_run_resumes_from_checkpoint_and_succeeds(airflow_db, ray_conn, splits, artifact_root):
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_first_worker_after_a_checkpoint, args=(artifact_root, killed, stop))
+    killer.start()
+    try:
+        config = {"family": "lightning", "hidden_sizes": [32, 16], "max_epochs": 12, "patience": 0}
+        dag_run = _run("train_resume", splits, config)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "the test never saw a worker and a checkpoint to kill"
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "train")
+    training = manifest["training"]
+    assert training["restarts"] >= 1 and training["worker_starts"] >= 2
+    assert training["resumed_from_epoch"] and training["resumed_from_epoch"] >= 1
+    assert training["epochs_run"] == 12
+    assert manifest["compute_used"]["local_mode"] is False and manifest["compute_used"]["num_workers"] == 1
+    assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
+
+
+@pytest.fixture(scope="module")
+def no_gpu_cluster(airflow_db):
+    """A head that advertises no GPU at all, whatever the machine has."""
+    from rayml.localcluster import LocalRayCluster, new_token
+
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rn", dir="/tmp"), num_cpus=2, num_gpus=0,
+                              token=new_token())
+    cluster.start()
+    os.environ["AIRFLOW_CONN_RAY_NO_GPU"] = json.dumps({
+        "conn_type": "ray",
+        "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
+                  "artifact_root": tempfile.mkdtemp(prefix="no-gpu-artifacts-")},
+    })
+    try:
+        yield cluster
+    finally:
+        os.environ.pop("AIRFLOW_CONN_RAY_NO_GPU", None)
+        cluster.stop()
+
+
+@pytest.mark.integration
+def test_train_gpu_spec_without_gpu_falls_back_to_cpu_within_timeout(no_gpu_cluster, splits):
+    started = time.monotonic()
+    dag_run = _run("train_gpu_fallback", splits, TUNED_XGBOOST)
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "train")
+    used = manifest["compute_used"]
+    assert used["gpu_fallback"] is True and used["use_gpu"] is False and used["device"] == "cpu"
+    assert "gpu_placement_timeout_s=3" in used["fallback_reason"]
+    assert used["requested"]["use_gpu"] is True
+    card = json.loads((Path(manifest["model_dir"]) / "model_card.json").read_text())
+    assert card["compute"]["gpu_fallback"] is True
+    assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
+    assert time.monotonic() - started < 120
+
+
+def _cuda_usable() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+@pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on this machine")
+def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
+    from rayml.localcluster import LocalRayCluster, new_token
+
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rg", dir="/tmp"), num_cpus=4, token=new_token())
+    cluster.start()
+    os.environ["AIRFLOW_CONN_RAY_GPU"] = json.dumps({
+        "conn_type": "ray", "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
+                                      "artifact_root": tempfile.mkdtemp(prefix="gpu-artifacts-")},
+    })
+    try:
+        dag_run = _run("train_gpu", splits, SMALL_LIGHTNING)
+        assert dag_run.state == "success"
+        manifest = _xcom(dag_run, "train")
+        used = manifest["compute_used"]
+        assert used["gpu_fallback"] is False and used["use_gpu"] is True
+        assert used["device"].startswith("cuda"), used
+        assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
+        model = load_model(manifest["model_dir"])  # trained on the GPU, loads and predicts on CPU
+        test_x, _ = load_split(splits["test_uri"], splits["feature_columns"])
+        np.testing.assert_allclose(model.predict(test_x), _predictions_inside(manifest)[1], rtol=1e-4, atol=1e-4)
+    finally:
+        os.environ.pop("AIRFLOW_CONN_RAY_GPU", None)
+        cluster.stop()
+
+
+def _operator(**kwargs) -> RayTrainOperator:
+    from airflow.sdk import DAG
+
+    with DAG(dag_id="train_unit", schedule=None, start_date=datetime(2026, 1, 1)):
+        return RayTrainOperator(task_id="train", train_uri="/d/train.parquet", validation_uri="/d/val.parquet",
+                                test_uri="/d/test.parquet", feature_columns=["a", "b"], **kwargs)
+
+
+class _TI:
+    dag_id = "train_unit"
+    map_index = -1
+
+
+def test_train_operator_bad_config_fails_before_any_job(tmp_path):
+    operator = _operator(config={"family": "xgboost", "eta": 3}, artifact_root=str(tmp_path))
+    with pytest.raises(RayOperatorError, match=r"invalid train spec.*\['eta'\] must be a number in \(0, 1\], got 3"):
+        operator.full_spec({"ti": _TI(), "run_id": "r1"})
+
+
+def test_train_operator_text_rendered_compute_and_family_build_a_valid_spec(tmp_path):
+    compute = ComputeSpec.cpu("probe said CPU", cpus_per_worker=0.5).to_dict()
+    operator = _operator(family="xgboost", config=json.dumps({"max_depth": 3}), compute=str(compute),
+                         artifact_root=str(tmp_path), num_workers="1")
+    spec = operator.full_spec({"ti": _TI(), "run_id": "r1"})
+    assert spec["config"] == {"max_depth": 3, "family": "xgboost"}
+    assert spec["compute"] == compute and spec["num_workers"] == 1
+    assert spec["artifact_dir"] == f"{tmp_path}/train_unit/r1/train"
+
+
+def test_train_operator_template_fields_name_its_arguments():
+    operator = _operator()
+    for name in RayTrainOperator.template_fields:
+        assert hasattr(operator, name), name
+    assert {"compute", "config", "feature_columns", "train_uri"} <= set(RayTrainOperator.template_fields)
