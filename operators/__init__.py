@@ -20,7 +20,11 @@ def get_provider_info() -> dict:
         ],
         "hooks": [{"integration-name": "Ray", "python-modules": ["operators.hooks.ray"]}],
         "triggers": [{"integration-name": "Ray", "python-modules": ["operators.triggers.ray"]}],
-        "extra-links": ["operators.links.ray.RayJobLink"],
+        "extra-links": [
+            "operators.links.ray.RayJobLink",
+            "operators.links.ray.RayServeEndpointLink",
+            "operators.links.ray.RayServeDashboardLink",
+        ],
         "connection-types": [
             {
                 "hook-class-name": "operators.hooks.ray.RayHook",
@@ -42,6 +46,12 @@ def get_provider_info() -> dict:
                     "verify_tls": {
                         "label": "Verify TLS certificates",
                         "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "serve_url": {
+                        "label": "Serve HTTP URL",
+                        "description": "Where Ray Serve's HTTP proxy answers; empty means the "
+                        "dashboard's host on port 8000",
+                        "schema": {"type": ["string", "null"]},
                     },
                     "artifact_root": {
                         "label": "Artifact root",

@@ -27,3 +27,7 @@ class RayManifestError(RayOperatorError, RuntimeError):
 
 class GPUNotAvailableError(RayOperatorError, RuntimeError):
     """``require_gpu=True`` but the probe found no GPU that CUDA can use."""
+
+
+class ServeDeployError(RayOperatorError, RuntimeError):
+    """A new model failed to deploy or failed its smoke test; the previous config was restored."""

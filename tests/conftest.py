@@ -82,11 +82,14 @@ def artifact_root(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def ray_conn(ray_cluster, artifact_root):
-    """Point the ``ray_default`` connection at the test cluster (dashboard URL, token, artifacts)."""
+    """Point the ``ray_default`` connection at the test cluster (dashboard URL, token, artifacts, and a
+    free port for Ray Serve's HTTP proxy)."""
+    from rayml.localcluster import free_port
+
     os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({
         "conn_type": "ray",
         "extra": {"dashboard_url": ray_cluster.dashboard_url, "auth_token": ray_cluster.token,
-                  "artifact_root": artifact_root},
+                  "artifact_root": artifact_root, "serve_url": f"http://127.0.0.1:{free_port()}"},
     })
     yield ray_cluster
     os.environ.pop("AIRFLOW_CONN_RAY_DEFAULT", None)

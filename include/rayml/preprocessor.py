@@ -185,3 +185,19 @@ class Preprocessor:
         from rayml import artifacts
 
         return cls.from_json(artifacts.read_bytes(uri))
+
+
+def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.DataFrame:
+    """Raw rows back from model inputs: undo the scaling, and decode one-hot columns.
+
+    Used to send rows of a preprocessed split to an endpoint that takes raw features (the
+    deployment smoke test); a row whose one-hot columns are all zero decodes to ``None``.
+    """
+    shift, scale = preprocessor._scale_arrays()
+    numeric = features[preprocessor.numeric_columns].to_numpy(dtype="float64") * scale + shift
+    raw = pd.DataFrame(numeric, columns=preprocessor.numeric_columns, index=features.index)
+    for column, values in preprocessor.categories.items():
+        one_hot = features[[f"{column}{ONE_HOT_SEPARATOR}{value}" for value in values]].to_numpy()
+        chosen = np.asarray(values, dtype=object)[one_hot.argmax(axis=1)] if values else np.full(len(raw), None)
+        raw[column] = np.where(one_hot.max(axis=1) > 0.5, chosen, None) if values else chosen
+    return raw

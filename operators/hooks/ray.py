@@ -111,6 +111,7 @@ class RayHook(BaseHook):
                 "token": None,
                 "verify_tls": True,
                 "artifact_root": None,
+                "serve_url": None,
             }
         extra = connection.extra_dejson or {}
         url = extra.get("dashboard_url") or connection.host
@@ -124,6 +125,7 @@ class RayHook(BaseHook):
             "token": extra.get("auth_token") or connection.password,
             "verify_tls": _as_bool(extra.get("verify_tls"), True),
             "artifact_root": extra.get("artifact_root") or None,
+            "serve_url": extra.get("serve_url") or None,
         }
 
     @property
@@ -133,6 +135,14 @@ class RayHook(BaseHook):
     @property
     def verify_tls(self) -> bool:
         return self._settings["verify_tls"]
+
+    @property
+    def serve_url(self) -> str:
+        """Ray Serve's HTTP address: the connection's ``serve_url``, else the dashboard host, port 8000."""
+        if self._settings["serve_url"]:
+            return self._settings["serve_url"].rstrip("/")
+        parts = urlsplit(self.dashboard_url)
+        return f"{parts.scheme}://{parts.hostname}:8000"
 
     @property
     def artifact_root(self) -> str | None:

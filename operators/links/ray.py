@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 RAY_JOB_XCOM_KEY = "ray_job"
 """XCom key under which a stage operator records ``{"dashboard_url", "submission_id", "job_url"}``."""
 
+SERVE_XCOM_KEY = "serve_endpoint"
+"""XCom key under which the deploy operator records ``{"dashboard_url", "endpoint", "app"}``."""
+
 
 def job_page_url(dashboard_url: str, submission_id: str) -> str:
     return f"{dashboard_url.rstrip('/')}/#/jobs/{submission_id}"
@@ -28,3 +31,27 @@ class RayJobLink(BaseOperatorLink):
 
         record = XCom.get_value(ti_key=ti_key, key=RAY_JOB_XCOM_KEY)
         return record.get("job_url", "") if isinstance(record, dict) else ""
+
+
+class RayServeEndpointLink(BaseOperatorLink):
+    """Link from a deploy task to the endpoint's metadata."""
+
+    name = "Serve endpoint"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        record = XCom.get_value(ti_key=ti_key, key=SERVE_XCOM_KEY)
+        return f"{record['endpoint']}/metadata" if isinstance(record, dict) else ""
+
+
+class RayServeDashboardLink(BaseOperatorLink):
+    """Link from a deploy task to the Serve page of the Ray dashboard."""
+
+    name = "Ray Serve"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        record = XCom.get_value(ti_key=ti_key, key=SERVE_XCOM_KEY)
+        return f"{record['dashboard_url']}/#/serve" if isinstance(record, dict) else ""

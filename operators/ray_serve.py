@@ -1,0 +1,370 @@
+"""RayServeDeployOperator: promote a trained model to Ray Serve only if it beats the served one.
+
+The operator talks to the Serve REST API (a declarative config, not ``serve.run``): it reads the
+live champion's card, gates the challenger on the test metric, applies the new config (a
+``user_config`` change, so live replicas ``reconfigure()`` in place), waits until the application
+is RUNNING and answers with the new version, smoke-tests the endpoint over HTTP with rows of the
+test split, and on any failure restores the previous config and fails with the reason. Every
+decision is appended to ``<artifact_root>/serving/<app>/history.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from datetime import datetime, timezone
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Sequence
+from urllib.parse import urlsplit
+
+import requests
+from airflow.sdk import BaseOperator
+
+from operators.errors import RayOperatorError, ServeDeployError
+from operators.hooks.ray import RayHook
+from operators.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
+from rayml import artifacts
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+APP_IMPORT_PATH = "rayml.serve:build_app"  # kept equal to rayml.serve.APP_IMPORT_PATH by a test
+DEPLOYMENT_NAME = "ModelServer"
+LOWER_IS_BETTER = {"rmse", "mae"}
+
+
+def gate(challenger: float, champion: float | None, metric: str, min_improvement: float, force: bool) -> tuple[bool, str]:
+    """Decide promotion: better than the champion by at least ``min_improvement`` (absolute)."""
+    if force:
+        return True, "force=True"
+    if champion is None:
+        return True, "nothing is served yet"
+    lower = metric in LOWER_IS_BETTER
+    gain = champion - challenger if lower else challenger - champion
+    verdict = f"challenger {metric} {challenger:.4f} vs champion {champion:.4f} (needs {min_improvement:g} better)"
+    return gain >= min_improvement and gain > 0, verdict
+
+
+def regression_metric(metric: str, predictions: list[float], labels: list[float]) -> float:
+    errors = [p - y for p, y in zip(predictions, labels)]
+    if metric == "rmse":
+        return math.sqrt(sum(e * e for e in errors) / len(errors))
+    if metric == "mae":
+        return sum(abs(e) for e in errors) / len(errors)
+    tolerance = {"acc_0_5": 0.5, "acc_1_0": 1.0}[metric]
+    return sum(abs(e) <= tolerance for e in errors) / len(errors)
+
+
+class RayServeDeployOperator(BaseOperator):
+    """Deploy a trained model behind a Ray Serve HTTP endpoint, champion/challenger gated.
+
+    :param model: the RayTrain XCom (``model_dir``, ``model_version``, ``metrics``). (templated)
+    :param test_split_uri: Parquet of the preprocessed test split, for the smoke test and for
+        scoring a champion that was evaluated on other data. (templated)
+    :param compute: the GPUProbe compute spec; GPU replicas get a fraction of a GPU. (templated)
+    :param app_name: the Serve application (one per model name).
+    :param route_prefix: the endpoint's path, e.g. ``/wine``.
+    :param metric: the test metric compared: ``rmse``/``mae`` (lower is better) or ``acc_0_5``/``acc_1_0``.
+    :param min_improvement: how much better (absolute) the challenger must be. (templated)
+    :param force: promote whatever the metrics say. (templated)
+    :param api_key_conn_id: a connection whose password is the endpoint's API key; none: no key.
+    :param autoscaling_config: Serve autoscaling for the deployment.
+    :param replica_cpus: CPUs each replica reserves (fractional keeps training room).
+    :param http_host: address Serve binds to; loopback unless you say otherwise.
+    :param ready_timeout_s: how long the new version may take to answer.
+    :param smoke_rows: rows of the test split sent in the smoke test.
+    """
+
+    template_fields: Sequence[str] = ("model", "test_split_uri", "compute", "min_improvement", "force")
+    template_fields_renderers = {"model": "json", "compute": "json"}
+    operator_extra_links = (RayServeEndpointLink(), RayServeDashboardLink())
+    ui_color = "#e8f7e4"
+
+    def __init__(
+        self,
+        *,
+        model: dict[str, Any] | str,
+        test_split_uri: str | None = None,
+        compute: dict[str, Any] | str | None = None,
+        app_name: str = "wine-quality",
+        route_prefix: str = "/wine",
+        metric: str = "rmse",
+        min_improvement: float = 0.0,
+        force: bool = False,
+        api_key_conn_id: str | None = None,
+        autoscaling_config: dict[str, Any] | None = None,
+        replica_cpus: float = 0.25,
+        http_host: str = "127.0.0.1",
+        ready_timeout_s: float = 180.0,
+        smoke_rows: int = 8,
+        ray_conn_id: str = RayHook.default_conn_name,
+        artifact_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+        self.test_split_uri = test_split_uri
+        self.compute = compute
+        self.app_name = app_name
+        self.route_prefix = route_prefix
+        self.metric = metric
+        self.min_improvement = min_improvement
+        self.force = force
+        self.api_key_conn_id = api_key_conn_id
+        self.autoscaling_config = autoscaling_config or {
+            "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8,
+            "upscale_delay_s": 3, "downscale_delay_s": 120,
+        }
+        self.replica_cpus = replica_cpus
+        self.http_host = http_host
+        self.ready_timeout_s = ready_timeout_s
+        self.smoke_rows = smoke_rows
+        self.ray_conn_id = ray_conn_id
+        self.artifact_root = artifact_root
+
+    @cached_property
+    def hook(self) -> RayHook:
+        return RayHook(self.ray_conn_id)
+
+    @cached_property
+    def api_key(self) -> str | None:
+        if not self.api_key_conn_id:
+            return None
+        from airflow.sdk import BaseHook
+
+        key = BaseHook.get_connection(self.api_key_conn_id).password
+        if not key:
+            raise RayOperatorError(f"connection {self.api_key_conn_id!r} has no password to use as the API key")
+        return key
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.hook.serve_url}{self.route_prefix}"
+
+    @property
+    def serving_dir(self) -> str:
+        root = self.artifact_root or self.hook.artifact_root
+        if not root:
+            from operators.ray_job import DEFAULT_ARTIFACT_ROOT
+
+            root = DEFAULT_ARTIFACT_ROOT
+        return artifacts.join(root, "serving", artifacts.safe_segment(self.app_name))
+
+    # -- HTTP to the endpoint -------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        return {"X-API-Key": self.api_key} if self.api_key else {}
+
+    def _get(self, path: str) -> requests.Response | None:
+        try:
+            return requests.get(f"{self.endpoint}{path}", headers=self._headers(), timeout=10)
+        except requests.RequestException:
+            return None
+
+    def _predict(self, instances: list[dict[str, Any]]) -> dict[str, Any]:
+        response = requests.post(f"{self.endpoint}/predict", json={"instances": instances},
+                                 headers=self._headers(), timeout=30)
+        if response.status_code != 200:
+            raise ServeDeployError(f"POST {self.endpoint}/predict answered HTTP {response.status_code}: "
+                                   f"{response.text[:300]}")
+        return response.json()
+
+    # -- the config ------------------------------------------------------------------------------
+
+    def _serve_state(self) -> dict[str, Any]:
+        return self.hook.get_serve_applications()
+
+    @staticmethod
+    def _config_of(state: dict[str, Any]) -> dict[str, Any] | None:
+        """The whole declarative config that is live now (None when Serve runs no application)."""
+        apps = [app["deployed_app_config"] for app in (state.get("applications") or {}).values()
+                if app.get("deployed_app_config")]
+        if not apps:
+            return None
+        http = state.get("http_options") or {}
+        return {
+            "proxy_location": state.get("proxy_location") or "HeadOnly",
+            "http_options": {"host": http.get("host", "127.0.0.1"), "port": http.get("port", 8000)},
+            "applications": apps,
+        }
+
+    def _app_config(self, model: dict[str, Any], compute: dict[str, Any]) -> dict[str, Any]:
+        actor_options: dict[str, Any] = {"num_cpus": self.replica_cpus}
+        if compute.get("use_gpu"):
+            actor_options["num_gpus"] = 0.5  # fractional: serving shares the GPU with training
+        # The handlers are short and batched: running them on the replica's event loop saves a
+        # thread hop per request (measured in bench/bench_serve.py).
+        runtime_env: dict[str, Any] = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
+        if artifacts.is_remote(self.serving_dir):
+            runtime_env["py_modules"] = [self._upload_code()]
+        return {
+            "name": self.app_name,
+            "route_prefix": self.route_prefix,
+            "import_path": APP_IMPORT_PATH,
+            "args": {"api_key_sha256": hashlib.sha256(self.api_key.encode()).hexdigest() if self.api_key else None},
+            "runtime_env": runtime_env,
+            "deployments": [{
+                "name": DEPLOYMENT_NAME,
+                "user_config": {"model_dir": model["model_dir"], "model_version": model["model_version"]},
+                "autoscaling_config": self.autoscaling_config,
+                "ray_actor_options": actor_options,
+                "max_ongoing_requests": 64,
+            }],
+        }
+
+    def _upload_code(self) -> str:
+        """Zip the Ray-side package once per content version into the artifact root; return its URI."""
+        import io
+        import zipfile
+        from pathlib import Path
+
+        from operators.ray_job import RAYML_PACKAGE_DIR
+
+        package = Path(RAYML_PACKAGE_DIR)
+        files = sorted(p for p in package.rglob("*.py"))
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:16]
+        uri = artifacts.join(self.serving_dir, "code", f"rayml-{digest}.zip")
+        if not artifacts.exists(uri):
+            buffer = io.BytesIO()
+            with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+                for path in files:
+                    archive.write(path, str(Path("rayml") / path.relative_to(package)))
+            artifacts.write_bytes_atomic(uri, buffer.getvalue())
+        return uri
+
+    def _merged_config(self, live: dict[str, Any] | None, ours: dict[str, Any] | None) -> dict[str, Any]:
+        others = [app for app in (live or {}).get("applications", []) if app.get("name") != self.app_name]
+        port = urlsplit(self.hook.serve_url).port or 8000
+        http = (live or {}).get("http_options") or {"host": self.http_host, "port": port}
+        return {"proxy_location": "HeadOnly", "http_options": http,
+                "applications": [*others, *([ours] if ours else [])]}
+
+    # -- waiting and checking -------------------------------------------------------------------
+
+    def _wait_for_version(self, version: str, deadline: float) -> None:
+        """Until the app is RUNNING and three answers in a row report ``version``."""
+        streak, last = 0, "no answer yet"
+        while time.monotonic() < deadline:
+            app = (self._serve_state().get("applications") or {}).get(self.app_name) or {}
+            status = app.get("status")
+            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise ServeDeployError(f"application {self.app_name!r} is {status}: {app.get('message', '')[-800:]}")
+            response = self._get("/health") if status == "RUNNING" else None
+            if response is not None and response.status_code == 200 and response.json().get("model_version") == version:
+                streak += 1
+                if streak >= 3:
+                    return
+            else:
+                streak = 0
+                last = f"status {status}, health {getattr(response, 'status_code', None)}"
+            time.sleep(0.5)
+        raise ServeDeployError(f"version {version} did not become ready within {self.ready_timeout_s:g} s ({last})")
+
+    def _test_rows(self, model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[float]]:
+        """Raw rows (and labels) of the test split, decoded with the model's preprocessor."""
+        import pyarrow.dataset as ds
+
+        from rayml.preprocessor import Preprocessor, inverse_transform
+
+        if not self.test_split_uri:
+            raise RayOperatorError("test_split_uri is needed to smoke-test and compare models: pass the "
+                                   "preprocess task's split_uris['test']")
+        filesystem, path = artifacts.resolve(self.test_split_uri)
+        table = ds.dataset(path, filesystem=filesystem, format="parquet").to_table()
+        frame = table.to_pandas()
+        preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
+        raw = inverse_transform(preprocessor, frame)
+        labels = frame[preprocessor.label_column].astype(float).tolist()
+        return raw.to_dict(orient="records"), labels
+
+    def _smoke_test(self, version: str, rows: list[dict[str, Any]]) -> None:
+        answer = self._predict(rows[: self.smoke_rows])
+        predictions = answer.get("predictions") or []
+        if answer.get("model_version") != version:
+            raise ServeDeployError(f"smoke test answered by version {answer.get('model_version')!r}, not {version!r}")
+        if len(predictions) != min(self.smoke_rows, len(rows)) or not all(
+                isinstance(p, (int, float)) and math.isfinite(p) for p in predictions):
+            raise ServeDeployError(f"smoke test got unusable predictions: {predictions!r}")
+
+    def _champion_metric(self, challenger: dict[str, Any], rows, labels) -> tuple[float | None, str | None]:
+        """The served model's test metric on the challenger's test split, and its version."""
+        health = self._get("/health")
+        if health is None or health.status_code != 200:
+            return None, None
+        metadata = self._get("/metadata").json()
+        version = metadata.get("model_version")
+        card_metric = ((metadata.get("metrics") or {}).get("test") or {}).get(self.metric)
+        if metadata.get("data_fingerprint") == challenger.get("data_fingerprint") and card_metric is not None:
+            return float(card_metric), version
+        # Evaluated on other data: score the live champion on this test split, over HTTP.
+        predictions: list[float] = []
+        for start in range(0, len(rows), 512):
+            predictions += self._predict(rows[start:start + 512])["predictions"]
+        return regression_metric(self.metric, predictions, labels), version
+
+    # -- history --------------------------------------------------------------------------------
+
+    def _record(self, context: Context, entry: dict[str, Any]) -> None:
+        uri = artifacts.join(self.serving_dir, "history.json")
+        history = artifacts.read_json(uri) if artifacts.exists(uri) else []
+        ti = context["ti"]
+        history.append({"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        "dag_id": ti.dag_id, "run_id": context["run_id"], "task_id": self.task_id, **entry})
+        artifacts.write_json_atomic(uri, history)
+
+    # -- the task -------------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        model = dict(self.model) if isinstance(self.model, dict) else {}
+        for key in ("model_dir", "model_version", "metrics"):
+            if key not in model:
+                raise RayOperatorError(f"model must be the RayTrain XCom with {key!r}; got keys {sorted(model)}")
+        challenger = float(model["metrics"]["test"][self.metric])
+        compute = dict(self.compute) if isinstance(self.compute, dict) else {}
+        self.hook.check_access()
+        rows, labels = self._test_rows(model)
+        record = {"dashboard_url": self.hook.dashboard_url, "endpoint": self.endpoint, "app": self.app_name}
+        context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
+
+        champion, champion_version = self._champion_metric(model, rows, labels)
+        promote, why = gate(challenger, champion, self.metric, float(self.min_improvement), bool(self.force))
+        summary = {"challenger_version": model["model_version"], "champion_version": champion_version,
+                   "metric": self.metric, "challenger": challenger, "champion": champion, "reason": why}
+        if not promote:
+            self._record(context, {"action": "kept_champion", **summary})
+            context["ti"].xcom_push(key="decision", value={"action": "kept_champion", **summary})
+            self.log.info("Kept champion %s: %s", champion_version, why)
+            raise AirflowSkipException(f"kept champion {champion_version}: {why}")
+
+        state = self._serve_state()
+        live = self._config_of(state)
+        previous_uri = artifacts.join(self.serving_dir, "previous_config.json")
+        artifacts.write_json_atomic(previous_uri, {"config": live, "version": champion_version})
+        config = self._merged_config(live, self._app_config(model, compute))
+        self.log.info("Promoting %s (%s); previous config kept in %s", model["model_version"], why, previous_uri)
+        try:
+            self.hook.put_serve_applications(config)
+            self._wait_for_version(model["model_version"], time.monotonic() + self.ready_timeout_s)
+            self._smoke_test(model["model_version"], rows)
+        except Exception as err:
+            self.log.error("Deploy of %s failed (%s); restoring the previous config", model["model_version"], err)
+            self._rollback(live, champion_version)
+            self._record(context, {"action": "rolled_back", "error": str(err), **summary})
+            raise ServeDeployError(
+                f"deploying {model['model_version']} failed and {champion_version or 'the previous state'} "
+                f"was restored: {err}"
+            ) from None
+        artifacts.write_json_atomic(artifacts.join(self.serving_dir, "configs", f"{model['model_version']}.json"), config)
+        self._record(context, {"action": "promoted", **summary})
+        self.log.info("Serving %s at %s", model["model_version"], self.endpoint)
+        return {"action": "promoted", "endpoint": self.endpoint, "model_version": model["model_version"], **summary}
+
+    def _rollback(self, live: dict[str, Any] | None, version: str | None) -> None:
+        ours = next((app for app in (live or {}).get("applications", []) if app.get("name") == self.app_name), None)
+        self.hook.put_serve_applications(self._merged_config(live, ours))
+        if version:
+            self._wait_for_version(version, time.monotonic() + self.ready_timeout_s)
+

@@ -1,0 +1,59 @@
+"""DAGs for the Serve tests: train three models of known quality once, then deploy from run conf."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from operators.ray_data import RayDataPreprocessOperator
+from operators.ray_job import RayJobOperator
+from operators.ray_serve import RayServeDeployOperator
+from operators.ray_train import RayTrainOperator
+
+START = datetime(2026, 1, 1)
+SPLITS = "ti.xcom_pull('preprocess')"
+# Quality by construction: one shallow round learns almost nothing; more rounds learn more.
+MODELS = {
+    "worse": {"family": "xgboost", "num_boost_round": 1, "eta": 0.05, "max_depth": 2},
+    "good": {"family": "xgboost", "num_boost_round": 8, "eta": 0.1, "max_depth": 3},
+    "better": {"family": "xgboost", "num_boost_round": 120, "eta": 0.08, "max_depth": 4},
+}
+
+with DAG(dag_id="serve_models", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True):
+    data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 2000, "seed": 11},
+                          poll_interval_s=0.3)
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=3,
+                                           poll_interval_s=0.3)
+    trains = [
+        RayTrainOperator(
+            task_id=f"train_{name}", config=config, poll_interval_s=0.3,
+            train_uri="{{ %s['split_uris']['train'] }}" % SPLITS,
+            validation_uri="{{ %s['split_uris']['validation'] }}" % SPLITS,
+            test_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
+            feature_columns="{{ %s['feature_columns'] }}" % SPLITS,
+            preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
+            data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
+        )
+        for name, config in MODELS.items()
+    ]
+    data >> preprocess >> trains
+
+
+def _deploy_dag(dag_id: str, **kwargs) -> DAG:
+    with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False,
+             render_template_as_native_obj=True) as dag:
+        RayServeDeployOperator(
+            task_id="deploy", model="{{ dag_run.conf['model'] }}",
+            test_split_uri="{{ dag_run.conf['test_split_uri'] }}",
+            min_improvement="{{ dag_run.conf.get('min_improvement', 0.0) }}",
+            ready_timeout_s=120, **kwargs,
+        )
+    return dag
+
+
+# Their own application, so the wine DAG's test deployment on the same cluster is not touched.
+serve_deploy = _deploy_dag("serve_deploy", app_name="wine-test", route_prefix="/wine-test")
+serve_deploy_keyed = _deploy_dag("serve_deploy_keyed", app_name="wine-keyed", route_prefix="/keyed",
+                                 api_key_conn_id="serve_api_key")
