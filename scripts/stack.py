@@ -203,10 +203,50 @@ def trigger(conf: dict, timeout_s: float) -> int:
     print(f"{'task':<24} {'state':<16} {'seconds':>8}")
     for ti in sorted(tis, key=lambda ti: ti.get("start_date") or ""):
         print(f"{ti['task_id']:<24} {str(ti['state']):<16} {_seconds(ti):>8}")
+    if run["state"] == "success":
+        report_model(client, run_id)
     print(f"\nAirflow UI: {AIRFLOW_URL}  (user admin; password in {PASSWORD_FILE})")
     print(f"Ray dashboard: http://127.0.0.1:{RAY_DASHBOARD_PORT}  (token in {TOKEN_FILE})")
     print("The stack keeps running; `make stop` stops it.")
     return 0 if run["state"] == "success" else 1
+
+
+def _xcom(client: AirflowClient, run_id: str, task_id: str, key: str = "return_value"):
+    response = client.session.get(
+        f"{AIRFLOW_URL}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
+        params={"deserialize": "true"}, timeout=30)
+    if response.status_code != 200:
+        return None
+    value = response.json().get("value")
+    return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
+
+
+def report_model(client: AirflowClient, run_id: str) -> None:
+    """Print the trained model's test metrics, the endpoint, and one real prediction from it."""
+    model = _xcom(client, run_id, "train")
+    if isinstance(model, dict) and model.get("metrics"):
+        test = model["metrics"]["test"]
+        print(f"\nmodel {model.get('model_version')} ({model.get('family')}): test RMSE {test['rmse']:.3f}, "
+              f"MAE {test['mae']:.3f}, within 0.5: {test['acc_0_5']:.1%}, within 1.0: {test['acc_1_0']:.1%} "
+              f"(mean-predictor RMSE {model.get('baseline', {}).get('test_rmse', float('nan')):.3f})")
+    deployed = _xcom(client, run_id, "deploy")
+    decision = _xcom(client, run_id, "deploy", key="decision")
+    endpoint = _xcom(client, run_id, "deploy", key="serve_endpoint")
+    if isinstance(deployed, dict):
+        print(f"deploy: promoted {deployed['model_version']} ({deployed['reason']})")
+    elif isinstance(decision, dict):
+        print(f"deploy: kept champion {decision.get('champion_version')} ({decision.get('reason')})")
+    if not isinstance(endpoint, dict):
+        return
+    from rayml import wine
+
+    row = wine.generate(rows=20, seed=99).drop(columns=[wine.LABEL]).iloc[0].to_dict()
+    try:
+        answer = requests.post(f"{endpoint['endpoint']}/predict", json={"instances": [row]}, timeout=30)
+        print(f"endpoint: {endpoint['endpoint']}/predict")
+        print(f"sample prediction for {json.dumps(row)}:\n  -> {answer.status_code} {answer.text}")
+    except requests.RequestException as err:
+        print(f"endpoint {endpoint['endpoint']} did not answer: {err}")
 
 
 def main() -> int:

@@ -23,4 +23,4 @@ def test_wine_dag_is_documented_scheduled_and_retries():
     assert dag.schedule is not None
     assert all(task.retries >= 1 for task in dag.tasks)
     assert {"demo_rows", "demo_seed", "require_gpu", "wait_for_gpu_s"} <= set(dag.params.keys())
-    assert {"probe", "demo_data"} <= set(dag.task_ids)
+    assert {"probe", "demo_data", "preprocess", "train", "deploy"} <= set(dag.task_ids)
