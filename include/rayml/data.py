@@ -691,17 +691,22 @@ def read_dataset(layouts: list[SourceLayout], plan: ColumnPlan, spec: Preprocess
     datasets = []
     for (file_format, delimiter, columns), paths in groups.items():
         used = [c for c in columns if c in plan.used]
+        # One block per file by default: Ray's default splits a file's output into many ~1 MiB
+        # blocks (38 for a 40 MB CSV on 2 CPUs), which stops the read from fusing with the map and
+        # pays a task per block; one fused read->map(->write) task per file is 2x faster (measured,
+        # README "Preprocessing"), and still streams the file in blocks inside the task.
+        blocks = spec.override_num_blocks or len(paths)
         if file_format == "csv":
             types = {c: (pa.string() if c in plan.categorical else pa.float64()) for c in used}
             datasets.append(ray.data.read_csv(
-                paths, include_paths=True, partitioning=None, override_num_blocks=spec.override_num_blocks,
+                paths, include_paths=True, partitioning=None, override_num_blocks=blocks,
                 parse_options=pacsv.ParseOptions(delimiter=delimiter),
                 convert_options=pacsv.ConvertOptions(column_types=types, include_columns=used),
             ))
         else:
             datasets.append(ray.data.read_parquet(
                 paths, columns=used, include_paths=True, partitioning=None,
-                override_num_blocks=spec.override_num_blocks,
+                override_num_blocks=blocks,
             ))
     return datasets[0].union(*datasets[1:]) if len(datasets) > 1 else datasets[0]
 
