@@ -50,6 +50,7 @@ DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
 HEAD_BYTES = 64 * 1024
 SAMPLE_ROWS = 3
 HASH_CHUNK = 8 * 1024 * 1024
+MAX_FILE_BLOCK_BYTES = 256 * 1024 * 1024  # input bytes per Ray Data block by default (see read_dataset)
 PATH_COLUMN = "path"
 SPLIT_COLUMN = "split"
 # Values pyarrow's CSV reader turns into null in a float column (its default null_values), which
@@ -76,6 +77,7 @@ class SourceLayout:
     columns: list[str]
     derived: dict[str, str] = field(default_factory=dict)
     head: bytes = b""
+    size: int = 0
 
     @property
     def all_columns(self) -> list[str]:
@@ -140,7 +142,7 @@ def inspect_source(uri: str, path: str, spec: PreprocessSpec) -> SourceLayout:
             rows = parquet.metadata.num_rows
         if rows == 0:
             raise DataSourceError(f"{uri!r} has columns {columns} but no rows: give a file with data rows")
-        layout = SourceLayout(uri, path, "parquet", None, columns)
+        layout = SourceLayout(uri, path, "parquet", None, columns, size=size)
     else:
         with filesystem.open_input_stream(inner) as stream:
             head = stream.read(HEAD_BYTES)
@@ -161,7 +163,7 @@ def inspect_source(uri: str, path: str, spec: PreprocessSpec) -> SourceLayout:
                 f"{DELIMITER_NAMES[delimiter]}-separated ({delimiter!r}): columns {columns}; first rows "
                 f"{lines[1:1 + SAMPLE_ROWS]}. Set delimiter={other!r} (or 'auto'); the UCI files use ';'"
             )
-        layout = SourceLayout(uri, path, "csv", delimiter, columns, head=head)
+        layout = SourceLayout(uri, path, "csv", delimiter, columns, head=head, size=size)
     duplicates = _duplicates(layout.columns)
     if duplicates:
         raise DataSourceError(
@@ -686,16 +688,21 @@ def read_dataset(layouts: list[SourceLayout], plan: ColumnPlan, spec: Preprocess
     import ray.data
 
     groups: dict[tuple, list[str]] = {}
+    sizes: dict[tuple, int] = {}
     for layout in layouts:
-        groups.setdefault((layout.file_format, layout.delimiter, tuple(layout.columns)), []).append(layout.path)
+        key = (layout.file_format, layout.delimiter, tuple(layout.columns))
+        groups.setdefault(key, []).append(layout.path)
+        sizes[key] = sizes.get(key, 0) + layout.size
     datasets = []
     for (file_format, delimiter, columns), paths in groups.items():
         used = [c for c in columns if c in plan.used]
         # One block per file by default: Ray's default splits a file's output into many ~1 MiB
         # blocks (38 for a 40 MB CSV on 2 CPUs), which stops the read from fusing with the map and
         # pays a task per block; one fused read->map(->write) task per file is 2x faster (measured,
-        # README "Preprocessing"), and still streams the file in blocks inside the task.
-        blocks = spec.override_num_blocks or len(paths)
+        # README "Preprocessing"). A fused write task holds its whole output until it writes, so
+        # files larger than MAX_FILE_BLOCK_BYTES on average are split into more blocks (unfused).
+        blocks = spec.override_num_blocks or max(len(paths), -(-sizes[(file_format, delimiter, columns)]
+                                                                // MAX_FILE_BLOCK_BYTES))
         if file_format == "csv":
             types = {c: (pa.string() if c in plan.categorical else pa.float64()) for c in used}
             datasets.append(ray.data.read_csv(
