@@ -25,5 +25,6 @@ def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
     assert data["rows"] == 800 and sorted(os.path.basename(uri) for uri in data["data_uris"]) == [
         "winequality-red.csv", "winequality-white.csv"]
     preprocessed = _xcom(dag_run, "preprocess")
-    assert preprocessed["rows"] == 800 and preprocessed["fingerprint"] == data["fingerprint"]
+    assert preprocessed["rows_read"] == 800 and sum(preprocessed["rows"].values()) == 800
+    assert preprocessed["fingerprint"] == data["fingerprint"]
     assert set(preprocessed["split_uris"]) == {"train", "validation", "test"}
