@@ -50,6 +50,7 @@ DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
 HEAD_BYTES = 64 * 1024
 SAMPLE_ROWS = 3
 HASH_CHUNK = 8 * 1024 * 1024
+BATCH_ROWS = 131_072  # rows per map_batches call: bounds each worker's intermediates (see _run)
 MAX_FILE_BLOCK_BYTES = 256 * 1024 * 1024  # input bytes per Ray Data block by default (see read_dataset)
 PATH_COLUMN = "path"
 SPLIT_COLUMN = "split"
@@ -816,7 +817,8 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     _connect()
     dataset = read_dataset(layouts, plan, spec)
     try:
-        rows = dataset.map_batches(_summarise_batch, batch_format="pyarrow", fn_kwargs={"ctx": ctx}).take_all()
+        rows = dataset.map_batches(_summarise_batch, batch_format="pyarrow", batch_size=BATCH_ROWS,
+                                   fn_kwargs={"ctx": ctx}).take_all()
     except Exception:
         # The typed CSV read fails on the first non-numeric value with a message naming neither
         # the row nor (reliably) the column: find them, or re-raise the original error.
@@ -849,7 +851,7 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     splits_dir = artifacts.join(spec.artifact_dir, "splits")
     artifacts.makedirs(spec.artifact_dir)
     output = dataset.map_batches(
-        _transform_batch, batch_format="pyarrow",
+        _transform_batch, batch_format="pyarrow", batch_size=BATCH_ROWS,
         fn_kwargs={"ctx": ctx, "preprocessor": preprocessor.to_dict(), "label_integral": total["label_integral"]},
     )
     output.write_parquet(_ray_uri(splits_dir), partition_cols=[SPLIT_COLUMN])

@@ -154,7 +154,7 @@ class Preprocessor:
         shift, scale = self._scale_arrays()
         rows = numeric.shape[0]
         width = len(self.numeric_columns) + sum(len(values) for values in self.categories.values())
-        matrix = np.empty((rows, width), dtype="float64")
+        matrix = np.empty((rows, width), dtype="float64", order="F")  # columns contiguous: zero-copy to Arrow
         scaled = matrix[:, : len(self.numeric_columns)]
         np.subtract(numeric, shift, out=scaled)
         scaled /= scale
