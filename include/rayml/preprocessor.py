@@ -2,8 +2,9 @@
 
 The ``data`` stage fits it on the training split only (from :class:`Moments` merged across Ray
 Data batches) and writes it as JSON: column lists, categories and statistics, nothing executable,
-so loading it needs no pickle. :meth:`Preprocessor.transform` is the one code path that turns a
-pandas batch into model inputs, used by the stage when it writes the splits and by serving.
+so loading it needs no pickle. :meth:`Preprocessor.transform_arrays` is the one code path that
+turns a batch into model inputs: the stage calls it on numpy arrays when it writes the splits, and
+:meth:`Preprocessor.transform` (pandas, what serving uses) calls it too.
 """
 
 from __future__ import annotations
