@@ -38,7 +38,7 @@ class RayDataPreprocessOperator(RayJobOperator):
     :param delimiter: CSV delimiter, or ``auto``. (templated)
     :param file_format: ``auto``, ``csv`` or ``parquet``. (templated)
     :param max_categories: most distinct values a categorical column may have.
-    :param override_num_blocks: Ray Data read parallelism (the output does not depend on it).
+    :param override_num_blocks: Ray Data read parallelism; None: one block per file (the output does not depend on it).
     :param kwargs: :class:`~operators.ray_job.RayJobOperator` arguments (``ray_conn_id``,
         ``artifact_root``, ``deferrable``, ...) and BaseOperator's.
     """

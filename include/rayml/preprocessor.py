@@ -2,8 +2,9 @@
 
 The ``data`` stage fits it on the training split only (from :class:`Moments` merged across Ray
 Data batches) and writes it as JSON: column lists, categories and statistics, nothing executable,
-so loading it needs no pickle. :meth:`Preprocessor.transform` is the one code path that turns a
-pandas batch into model inputs, used by the stage when it writes the splits and by serving.
+so loading it needs no pickle. :meth:`Preprocessor.transform_arrays` is the one code path that
+turns a batch into model inputs: the stage calls it on numpy arrays when it writes the splits, and
+:meth:`Preprocessor.transform` (pandas, what serving uses) calls it too.
 """
 
 from __future__ import annotations
@@ -137,17 +138,38 @@ class Preprocessor:
             raise DataSourceError(
                 f"the batch lacks column(s) {missing} that the preprocessor needs; it has {list(frame.columns)}"
             )
-        shift, scale = self._scale_arrays()
-        numeric = frame[self.numeric_columns].to_numpy(dtype="float64", copy=True)
-        numeric -= shift
-        numeric /= scale
-        parts = [numeric]
-        for column, values in self.categories.items():
-            raw = frame[column].to_numpy(dtype=object)
-            parts.append(np.stack([raw == value for value in values], axis=1).astype("float64")
-                         if values else np.zeros((len(frame), 0)))
-        matrix = np.concatenate(parts, axis=1) if len(parts) > 1 else numeric
+        categorical = {}
+        for column in self.categories:
+            codes, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
+            categorical[column] = (codes, list(uniques))
+        matrix = self.transform_arrays(frame[self.numeric_columns].to_numpy(dtype="float64"), categorical)
         return pd.DataFrame(matrix, columns=self.output_columns, index=frame.index)
+
+    def transform_arrays(self, numeric: np.ndarray, categorical: dict[str, tuple[np.ndarray, list]]) -> np.ndarray:
+        """The model inputs as one float64 matrix in output order.
+
+        :param numeric: rows x ``numeric_columns`` (float64; not modified).
+        :param categorical: per categorical column, each row's code into its distinct values and
+            those values (code -1: missing, encoded as all zeros like an unseen value).
+        """
+        shift, scale = self._scale_arrays()
+        rows = numeric.shape[0]
+        width = len(self.numeric_columns) + sum(len(values) for values in self.categories.values())
+        matrix = np.empty((rows, width), dtype="float64", order="F")  # columns contiguous: zero-copy to Arrow
+        scaled = matrix[:, : len(self.numeric_columns)]
+        np.subtract(numeric, shift, out=scaled)
+        scaled /= scale
+        start = len(self.numeric_columns)
+        for column, trained in self.categories.items():
+            codes, values = categorical[column]
+            position = {value: index for index, value in enumerate(trained)}
+            # Each distinct value's index among the training categories (-1: unseen), then per row.
+            lookup = np.array([position.get(value, -1) if isinstance(value, str) else -1 for value in values] + [-1],
+                              dtype="int64")
+            index = lookup[codes]
+            matrix[:, start: start + len(trained)] = index[:, None] == np.arange(len(trained))
+            start += len(trained)
+        return matrix
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "scaler": self.scaler, "numeric_columns": self.numeric_columns,

@@ -238,7 +238,7 @@ class PreprocessSpec(StageSpec):
     :param file_format: ``auto`` (Parquet by suffix ``.parquet``/``.pq``, CSV otherwise), ``csv``
         or ``parquet``.
     :param max_categories: a categorical column with more distinct training values is an error.
-    :param override_num_blocks: Ray Data read parallelism; None lets Ray decide. The output does not
+    :param override_num_blocks: Ray Data read parallelism; None: one block (one fused task) per file. The output does not
         depend on it.
     """
 

@@ -27,7 +27,8 @@ def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
     assert data["rows"] == 1500 and sorted(os.path.basename(uri) for uri in data["data_uris"]) == [
         "winequality-red.csv", "winequality-white.csv"]
     preprocessed = _xcom(dag_run, "preprocess")
-    assert sum(preprocessed["rows"].values()) == 1500 and preprocessed["fingerprint"] == data["fingerprint"]
+    assert preprocessed["rows_read"] == 1500 and sum(preprocessed["rows"].values()) == 1500
+    assert preprocessed["fingerprint"] == data["fingerprint"]
     assert set(preprocessed["split_uris"]) == {"train", "validation", "test"}
     model = _xcom(dag_run, "train")
     assert model["family"] == "xgboost"
