@@ -1,8 +1,14 @@
 """Errors raised by the Airflow side. Each message says what to do about it."""
 
+from airflow.sdk.exceptions import AirflowFailException
+
 
 class RayOperatorError(Exception):
     """Base class of the errors raised on purpose by the operators, hooks and triggers."""
+
+
+class InvalidSpecError(RayOperatorError, AirflowFailException):
+    """A stage spec built from the task's arguments is invalid: fail at once, retrying cannot help."""
 
 
 class RayClusterUnreachableError(RayOperatorError, ConnectionError):

@@ -25,7 +25,7 @@ import rayml
 from rayml import artifacts
 from rayml.constants import JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
 from rayml.errors import RayMLError
-from operators.errors import RayJobFailedError, RayJobTimeoutError, RayManifestError, RayOperatorError
+from operators.errors import InvalidSpecError, RayJobFailedError, RayJobTimeoutError, RayManifestError, RayOperatorError
 from operators.hooks.ray import RayHook
 from operators.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
 from operators.links.ray import RAY_JOB_XCOM_KEY, RayJobLink, job_page_url
@@ -144,7 +144,7 @@ class RayJobOperator(BaseOperator):
             try:
                 spec_type.from_dict(spec)  # fail in Airflow, before any job starts
             except RayMLError as err:
-                raise RayOperatorError(f"task {self.task_id!r}: invalid {self.stage} spec: {err}") from None
+                raise InvalidSpecError(f"task {self.task_id!r}: invalid {self.stage} spec: {err}") from None
         return spec
 
     # -- the job's life ------------------------------------------------------------------------

@@ -23,10 +23,13 @@ class _TI:
     map_index = -1
 
 
-def test_invalid_spec_fails_in_airflow_before_any_job(tmp_path):
+def test_invalid_spec_fails_in_airflow_before_any_job_without_retries(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+
     operator = _operator(stage="generate", spec={"rows": 1}, artifact_root=str(tmp_path))
-    with pytest.raises(RayOperatorError, match="invalid generate spec.*rows must be an integer >= 2, got 1"):
+    with pytest.raises(RayOperatorError, match="invalid generate spec.*rows must be an integer >= 2, got 1") as caught:
         operator.full_spec({"ti": _TI(), "run_id": "r1"})
+    assert isinstance(caught.value, AirflowFailException)  # a retry would build the same bad spec
 
 
 def test_spec_gets_this_task_runs_artifact_dir(tmp_path):
