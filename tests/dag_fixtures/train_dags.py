@@ -28,7 +28,7 @@ def _train_dag(dag_id: str, probe: bool = False, **train_kwargs) -> DAG:
             train_kwargs["compute"] = "{{ ti.xcom_pull('probe') }}"
         train = RayTrainOperator(task_id="train", poll_interval_s=0.3, **DATA, **train_kwargs)
         if probe:
-            GPUProbeOperator(task_id="probe") >> train
+            GPUProbeOperator(task_id="probe", ray_conn_id=train_kwargs.get("ray_conn_id", "ray_default")) >> train
     return dag
 
 
@@ -45,8 +45,5 @@ train_gpu_fallback = _train_dag(
              "accelerator": "gpu", "reason": "test: a GPU compute spec"},
 )
 # Whatever GPU the cluster has (the gpu-marked test points ray_gpu at a cluster with a real one).
-train_gpu = _train_dag(
-    "train_gpu", ray_conn_id="ray_gpu", gpu_placement_timeout_s=30,
-    compute={"use_gpu": True, "gpus_per_worker": 1, "num_workers": 1, "cpus_per_worker": 1,
-             "accelerator": "gpu", "reason": "test: a real GPU"},
-)
+# The probe decides (a real CUDA smoke test) and training takes its compute spec.
+train_gpu = _train_dag("train_gpu", probe=True, ray_conn_id="ray_gpu", gpu_placement_timeout_s=30)

@@ -205,6 +205,11 @@ def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
     try:
         dag_run = _run("train_gpu", splits, SMALL_LIGHTNING)
         assert dag_run.state == "success"
+        import torch
+
+        compute = _xcom(dag_run, "probe")  # the probe's decision is what training was given
+        assert compute["use_gpu"] is True, compute["reason"]
+        assert compute["devices"][0]["name"] == torch.cuda.get_device_name(0)
         manifest = _xcom(dag_run, "train")
         used = manifest["compute_used"]
         assert used["gpu_fallback"] is False and used["use_gpu"] is True
