@@ -6,6 +6,7 @@ developer's own Airflow home or the cluster that ``make run`` may have started.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -59,6 +60,27 @@ def load_dag(dag_id: str, folder: Path = ROOT / "tests" / "dag_fixtures"):
     bag = DagBag(dag_folder=str(folder))
     assert not bag.import_errors, bag.import_errors
     return bag.dags[dag_id]
+
+
+@contextlib.contextmanager
+def extra_cluster(conn_id: str, **cluster_kwargs):
+    """Another real local Ray head (e.g. one advertising a GPU) reached through connection ``conn_id``."""
+    from rayml.localcluster import LocalRayCluster, new_token
+
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rx", dir="/tmp"), token=new_token(),
+                              **{"num_cpus": 2, **cluster_kwargs})
+    variable = f"AIRFLOW_CONN_{conn_id.upper()}"
+    try:
+        cluster.start()
+        os.environ[variable] = json.dumps({
+            "conn_type": "ray",
+            "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
+                      "artifact_root": tempfile.mkdtemp(prefix=f"{conn_id}-artifacts-")},
+        })
+        yield cluster
+    finally:
+        os.environ.pop(variable, None)
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

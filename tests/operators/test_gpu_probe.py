@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 
 import pytest
@@ -13,7 +10,7 @@ from operators.errors import GPUNotAvailableError
 from operators.gpu_probe import GPUProbeOperator, branch_on_compute
 from operators.hooks.ray import RayHook
 from rayml.specs import ComputeSpec
-from tests.conftest import load_dag
+from tests.conftest import extra_cluster, load_dag
 from tests.operators.test_ray_job import LOGICAL_DATE, _xcom
 
 
@@ -86,21 +83,8 @@ def test_probe_branch_dag_takes_the_cpu_branch(airflow_db, ray_conn):
 @pytest.fixture(scope="module")
 def fake_gpu_cluster(airflow_db):
     """A head that advertises one GPU although this machine has none CUDA can use."""
-    from rayml.localcluster import LocalRayCluster, new_token
-
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rg", dir="/tmp"), num_cpus=2, num_gpus=1,
-                              token=new_token())
-    cluster.start()
-    os.environ["AIRFLOW_CONN_RAY_FAKE_GPU"] = json.dumps({
-        "conn_type": "ray",
-        "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
-                  "artifact_root": tempfile.mkdtemp(prefix="fake-gpu-artifacts-")},
-    })
-    try:
+    with extra_cluster("ray_fake_gpu", num_gpus=1) as cluster:
         yield cluster
-    finally:
-        os.environ.pop("AIRFLOW_CONN_RAY_FAKE_GPU", None)
-        cluster.stop()
 
 
 @pytest.mark.integration
@@ -136,19 +120,9 @@ def _cuda_usable() -> bool:
 def test_probe_real_gpu_decides_gpu_with_the_device_name(airflow_db):
     import torch
 
-    from rayml.localcluster import LocalRayCluster, new_token
-
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rr", dir="/tmp"), num_cpus=4, token=new_token())
-    cluster.start()
-    os.environ["AIRFLOW_CONN_RAY_FAKE_GPU"] = json.dumps({
-        "conn_type": "ray", "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token},
-    })
-    try:
+    with extra_cluster("ray_fake_gpu", num_cpus=4):
         dag_run = _run("probe_fake_gpu")  # same DAG, pointed at a cluster whose GPU is real
         compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
         assert compute.use_gpu is True and compute.accelerator == "gpu", compute.reason
         assert compute.devices[0]["name"] == torch.cuda.get_device_name(0)
         assert compute.devices[0]["usable"] is True and compute.devices[0]["memory_gib"] > 0
-    finally:
-        os.environ.pop("AIRFLOW_CONN_RAY_FAKE_GPU", None)
-        cluster.stop()

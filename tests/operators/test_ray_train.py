@@ -6,7 +6,6 @@ import glob
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -19,7 +18,7 @@ from operators.errors import RayOperatorError
 from operators.ray_train import RayTrainOperator
 from rayml.models import load_model
 from rayml.specs import ComputeSpec
-from tests.conftest import load_dag
+from tests.conftest import extra_cluster, load_dag
 from tests.operators.test_ray_job import _xcom
 from tests.train_data import load_split, write_splits
 
@@ -149,21 +148,8 @@ def test_train_worker_killed_mid_run_resumes_from_checkpoint_and_succeeds(airflo
 @pytest.fixture(scope="module")
 def no_gpu_cluster(airflow_db):
     """A head that advertises no GPU at all, whatever the machine has."""
-    from rayml.localcluster import LocalRayCluster, new_token
-
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rn", dir="/tmp"), num_cpus=2, num_gpus=0,
-                              token=new_token())
-    cluster.start()
-    os.environ["AIRFLOW_CONN_RAY_NO_GPU"] = json.dumps({
-        "conn_type": "ray",
-        "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
-                  "artifact_root": tempfile.mkdtemp(prefix="no-gpu-artifacts-")},
-    })
-    try:
+    with extra_cluster("ray_no_gpu", num_gpus=0) as cluster:
         yield cluster
-    finally:
-        os.environ.pop("AIRFLOW_CONN_RAY_NO_GPU", None)
-        cluster.stop()
 
 
 @pytest.mark.integration
@@ -194,19 +180,11 @@ def _cuda_usable() -> bool:
 @pytest.mark.integration
 @pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on this machine")
 def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
-    from rayml.localcluster import LocalRayCluster, new_token
+    import torch
 
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rg", dir="/tmp"), num_cpus=4, token=new_token())
-    cluster.start()
-    os.environ["AIRFLOW_CONN_RAY_GPU"] = json.dumps({
-        "conn_type": "ray", "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
-                                      "artifact_root": tempfile.mkdtemp(prefix="gpu-artifacts-")},
-    })
-    try:
+    with extra_cluster("ray_gpu", num_cpus=4):
         dag_run = _run("train_gpu", splits, SMALL_LIGHTNING)
         assert dag_run.state == "success"
-        import torch
-
         compute = _xcom(dag_run, "probe")  # the probe's decision is what training was given
         assert compute["use_gpu"] is True, compute["reason"]
         assert compute["devices"][0]["name"] == torch.cuda.get_device_name(0)
@@ -218,9 +196,6 @@ def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
         model = load_model(manifest["model_dir"])  # trained on the GPU, loads and predicts on CPU
         test_x, _ = load_split(splits["test_uri"], splits["feature_columns"])
         np.testing.assert_allclose(model.predict(test_x), _predictions_inside(manifest)[1], rtol=1e-4, atol=1e-4)
-    finally:
-        os.environ.pop("AIRFLOW_CONN_RAY_GPU", None)
-        cluster.stop()
 
 
 def _operator(**kwargs) -> RayTrainOperator:
