@@ -219,7 +219,7 @@ def test_serve_api_key_required_when_configured(models):
 
 
 @pytest.mark.integration
-def test_serve_binds_to_loopback_only(models):
+def test_serve_binds_to_loopback_only(models, ray_conn):
     _ensure_deployed(*models)
     import psutil
     from urllib.parse import urlsplit
@@ -230,3 +230,12 @@ def test_serve_binds_to_loopback_only(models):
     listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
     assert listening == {"127.0.0.1"}
+    # HAProxy's own stats and metrics listeners too (rayml/haproxy_loopback.sh rewrites their binds)
+    from rayml.localcluster import session_pids
+
+    cluster = ray_conn
+    haproxy = [pid for pid in session_pids(cluster.leader_pids[0]) if psutil.Process(pid).name() == "haproxy"]
+    assert haproxy, "Serve should run its ingress through HAProxy on the clusters we start"
+    bound = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN and c.pid in haproxy}
+    assert len(bound) >= 2 and {ip for ip, _ in bound} == {"127.0.0.1"}, bound
