@@ -25,6 +25,7 @@ from operators.errors import RayOperatorError, ServeDeployError
 from operators.hooks.ray import RayHook
 from operators.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
 from rayml import artifacts
+from rayml.metrics import regression_metrics
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -44,16 +45,6 @@ def gate(challenger: float, champion: float | None, metric: str, min_improvement
     gain = champion - challenger if lower else challenger - champion
     verdict = f"challenger {metric} {challenger:.4f} vs champion {champion:.4f} (needs {min_improvement:g} better)"
     return gain >= min_improvement and gain > 0, verdict
-
-
-def regression_metric(metric: str, predictions: list[float], labels: list[float]) -> float:
-    errors = [p - y for p, y in zip(predictions, labels)]
-    if metric == "rmse":
-        return math.sqrt(sum(e * e for e in errors) / len(errors))
-    if metric == "mae":
-        return sum(abs(e) for e in errors) / len(errors)
-    tolerance = {"acc_0_5": 0.5, "acc_1_0": 1.0}[metric]
-    return sum(abs(e) <= tolerance for e in errors) / len(errors)
 
 
 class RayServeDeployOperator(BaseOperator):
@@ -301,7 +292,7 @@ class RayServeDeployOperator(BaseOperator):
         predictions: list[float] = []
         for start in range(0, len(rows), 512):
             predictions += self._predict(rows[start:start + 512])["predictions"]
-        return regression_metric(self.metric, predictions, labels), version
+        return regression_metrics(labels, predictions)[self.metric], version
 
     # -- history --------------------------------------------------------------------------------
 

@@ -62,6 +62,18 @@ def load_dag(dag_id: str, folder: Path = ROOT / "tests" / "dag_fixtures"):
     return bag.dags[dag_id]
 
 
+def _cuda_usable() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+requires_cuda = pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on this machine")
+"""Skip marker for the ``gpu`` tests: they run only where CUDA can use a GPU."""
+
+
 @contextlib.contextmanager
 def extra_cluster(conn_id: str, **cluster_kwargs):
     """Another real local Ray head (e.g. one advertising a GPU) reached through connection ``conn_id``."""

@@ -10,12 +10,8 @@ from operators.errors import GPUNotAvailableError
 from operators.gpu_probe import GPUProbeOperator, branch_on_compute
 from operators.hooks.ray import RayHook
 from rayml.specs import ComputeSpec
-from tests.conftest import extra_cluster, load_dag
-from tests.operators.test_ray_job import LOGICAL_DATE, _xcom
-
-
-def _run(dag_id: str):
-    return load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
+from tests.conftest import extra_cluster, requires_cuda
+from tests.operators.test_ray_job import _run, _xcom
 
 
 def _states(dag_run) -> dict[str, str]:
@@ -106,17 +102,9 @@ def test_probe_advertised_unusable_gpu_with_require_gpu_fails(fake_gpu_cluster):
     assert _states(dag_run)["probe"] == "failed"
 
 
-def _cuda_usable() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 @pytest.mark.gpu
 @pytest.mark.integration
-@pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on this machine")
+@requires_cuda
 def test_probe_real_gpu_decides_gpu_with_the_device_name(airflow_db):
     import torch
 

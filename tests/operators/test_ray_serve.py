@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from operators.hooks.ray import RayHook
-from operators.ray_serve import APP_IMPORT_PATH, gate, regression_metric
+from operators.ray_serve import APP_IMPORT_PATH, gate
 from rayml import artifacts
 from tests.conftest import load_dag
 from tests.operators.test_ray_job import _xcom
@@ -53,12 +53,6 @@ def test_app_import_path_matches_the_ray_side():
 def test_gate_promotes_only_a_better_challenger(challenger, champion, metric, min_improvement, promote):
     assert gate(challenger, champion, metric, min_improvement, force=False)[0] is promote
     assert gate(challenger, champion, metric, min_improvement, force=True)[0] is True
-
-
-def test_regression_metric_matches_definitions():
-    assert regression_metric("rmse", [1, 2], [1, 4]) == pytest.approx(2 ** 0.5)
-    assert regression_metric("mae", [1, 2], [1, 4]) == 1
-    assert regression_metric("acc_0_5", [1, 2.6], [1, 2]) == 0.5
 
 
 @pytest.fixture(scope="module")

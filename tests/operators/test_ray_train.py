@@ -18,7 +18,7 @@ from operators.errors import RayOperatorError
 from operators.ray_train import RayTrainOperator
 from rayml.models import load_model
 from rayml.specs import ComputeSpec
-from tests.conftest import extra_cluster, load_dag
+from tests.conftest import extra_cluster, load_dag, requires_cuda
 from tests.operators.test_ray_job import _xcom
 from tests.train_data import load_split, write_splits
 
@@ -168,17 +168,9 @@ def test_train_gpu_spec_without_gpu_falls_back_to_cpu_within_timeout(no_gpu_clus
     assert time.monotonic() - started < 120
 
 
-def _cuda_usable() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 @pytest.mark.gpu
 @pytest.mark.integration
-@pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on this machine")
+@requires_cuda
 def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
     import torch
 
