@@ -351,7 +351,24 @@ class RayServeDeployOperator(BaseOperator):
         artifacts.write_json_atomic(artifacts.join(self.serving_dir, "configs", f"{model['model_version']}.json"), config)
         self._record(context, {"action": "promoted", **summary})
         self.log.info("Serving %s at %s", model["model_version"], self.endpoint)
+        self._publish_assets(context, model)
         return {"action": "promoted", "endpoint": self.endpoint, "model_version": model["model_version"], **summary}
+
+    def _publish_assets(self, context: Context, model: dict[str, Any]) -> None:
+        """Attach the promoted model (URI, version, test metrics, endpoint) to each outlet Asset's event.
+
+        Only a promotion reaches here: a kept champion skips the task and a failed deploy raises,
+        so neither emits an asset event and DAGs scheduled on the asset run only for new models.
+        """
+        from airflow.sdk import Asset
+
+        extra = {"model_dir": model["model_dir"], "model_version": model["model_version"],
+                 "family": model.get("family"), "metrics": model["metrics"].get("test", {}),
+                 "endpoint": self.endpoint, "app": self.app_name}
+        for outlet in self.outlets or []:
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra = extra
+                self.log.info("Asset %s: model %s", outlet.name, model["model_version"])
 
     def _rollback(self, live: dict[str, Any] | None, version: str | None) -> None:
         ours = next((app for app in (live or {}).get("applications", []) if app.get("name") == self.app_name), None)

@@ -58,6 +58,8 @@ class RayTrainOperator(RayJobOperator):
     :param checkpoint_every: checkpoint every N epochs or rounds; 0 picks one. (templated)
     :param data_loading: ``auto``, ``ray_data`` or ``direct`` (see ``rayml.specs.TrainSpec``). (templated)
     :param seed: the random seed; the same seed gives the same metrics on CPU. (templated)
+    :param placement_strategy: ``PACK`` (default), ``SPREAD`` or ``STRICT_SPREAD`` (one worker per
+        node) for the Ray Train workers. (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -65,6 +67,7 @@ class RayTrainOperator(RayJobOperator):
         "train_uri", "validation_uri", "test_uri", "feature_columns", "label_column", "preprocessor_uri",
         "data_fingerprint", "family", "config", "compute", "num_workers", "scale_out_min_rows",
         "gpu_placement_timeout_s", "max_failures", "checkpoint_every", "data_loading", "seed",
+        "placement_strategy",
     )
     template_fields_renderers = {**RayJobOperator.template_fields_renderers, "config": "json", "compute": "json"}
     ui_color = "#e8f5e9"
@@ -89,6 +92,7 @@ class RayTrainOperator(RayJobOperator):
         checkpoint_every: int = 0,
         data_loading: str = "auto",
         seed: int = 42,
+        placement_strategy: str = "PACK",
         **kwargs: Any,
     ) -> None:
         super().__init__(stage="train", **kwargs)
@@ -109,6 +113,7 @@ class RayTrainOperator(RayJobOperator):
         self.checkpoint_every = checkpoint_every
         self.data_loading = data_loading
         self.seed = seed
+        self.placement_strategy = placement_strategy
 
     def build_spec(self, context: Context) -> dict[str, Any]:
         config = dict(_structured("config", self.config) or {})
@@ -125,6 +130,7 @@ class RayTrainOperator(RayJobOperator):
             "gpu_placement_timeout_s": float(self.gpu_placement_timeout_s),
             "max_failures": int(self.max_failures), "checkpoint_every": int(self.checkpoint_every),
             "data_loading": self.data_loading, "seed": int(self.seed),
+            "placement_strategy": self.placement_strategy,
         }
         compute = _structured("compute", self.compute)
         if compute:

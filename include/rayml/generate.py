@@ -27,6 +27,8 @@ def _encode(frame, file_format: str) -> bytes:
 def run_generate(spec: GenerateSpec) -> GenerateResult:
     """Generate the data set described by ``spec`` and return where it was written."""
     frame = wine.generate(rows=spec.rows, seed=spec.seed)
+    if not spec.with_label:
+        frame = frame.drop(columns=[wine.LABEL])
     if spec.file_format == "uci":
         files = {
             artifacts.join(spec.artifact_dir, f"winequality-{colour}.csv"): wine.to_uci_csv(
@@ -36,7 +38,7 @@ def run_generate(spec: GenerateSpec) -> GenerateResult:
         }
     else:
         suffix = "parquet" if spec.file_format == "parquet" else "csv"
-        files = {artifacts.join(spec.artifact_dir, f"winequality.{suffix}"): _encode(frame, spec.file_format)}
+        files = {artifacts.join(spec.artifact_dir, f"{spec.name}.{suffix}"): _encode(frame, spec.file_format)}
     for uri, data in files.items():
         artifacts.write_bytes_atomic(uri, data)
     counts = frame[wine.TYPE_COLUMN].value_counts()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, ClassVar, TypeVar
 
 from rayml.errors import SpecError
@@ -89,18 +90,26 @@ class GenerateSpec(StageSpec):
     :param seed: random seed; the same seed gives the same file.
     :param file_format: ``uci`` (semicolon-separated with quoted header, as published),
         ``csv`` (comma-separated) or ``parquet``.
+    :param with_label: False leaves the ``quality`` column out: new wines to score.
+    :param name: the file name (without suffix) for ``csv`` and ``parquet``.
     """
 
     stage: ClassVar[str] = "generate"
     rows: int = 6497
     seed: int = 7
     file_format: str = "uci"
+    with_label: bool = True
+    name: str = "winequality"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_int_range("GenerateSpec", "rows", self.rows, 2)
         require_int_range("GenerateSpec", "seed", self.seed, 0)
         require_choice("GenerateSpec", "file_format", self.file_format, ("uci", "csv", "parquet"))
+        if not isinstance(self.with_label, bool):
+            raise SpecError(f"GenerateSpec.with_label must be true or false, got {self.with_label!r}")
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
+            raise SpecError(f"GenerateSpec.name must be a plain file name (letters, digits, _ . -), got {self.name!r}")
 
 
 @dataclasses.dataclass
@@ -330,6 +339,7 @@ class PreprocessResult(JsonDataclass):
 
 FAMILIES = ("lightning", "xgboost")
 DATA_LOADING = ("auto", "ray_data", "direct")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
 
 LIGHTNING_DEFAULTS: dict[str, Any] = {
     "hidden_sizes": [64, 32],
@@ -427,6 +437,8 @@ class TrainSpec(StageSpec):
         ``direct`` (each worker reads the Parquet files with pyarrow: no Ray Data start-up), or
         ``auto``: ``ray_data`` from ``scale_out_min_rows`` training rows, ``direct`` below.
     :param seed: the random seed; the same seed gives the same metrics on CPU.
+    :param placement_strategy: how Ray places the workers: ``PACK`` (fewest nodes, the default),
+        ``SPREAD`` or ``STRICT_SPREAD`` (one worker per node), as in Ray Train's ``ScalingConfig``.
     :param model_subdir: the model directory's name under ``artifact_dir``.
     """
 
@@ -449,6 +461,7 @@ class TrainSpec(StageSpec):
     checkpoint_every: int = 0
     data_loading: str = "auto"
     seed: int = 42
+    placement_strategy: str = "PACK"
     model_subdir: str = "model"
 
     def __post_init__(self) -> None:
@@ -474,6 +487,7 @@ class TrainSpec(StageSpec):
         require_int_range("TrainSpec", "checkpoint_every", self.checkpoint_every, 0)
         require_int_range("TrainSpec", "seed", self.seed, 0)
         require_choice("TrainSpec", "data_loading", self.data_loading, DATA_LOADING)
+        require_choice("TrainSpec", "placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
         value = self.gpu_placement_timeout_s
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise SpecError(f"TrainSpec.gpu_placement_timeout_s must be a number of seconds >= 0, got {value!r}")
@@ -509,3 +523,56 @@ class TrainResult(JsonDataclass):
     compute_used: dict[str, Any]
     training: dict[str, Any]
     data_fingerprint: str = ""
+
+
+@dataclasses.dataclass
+class ScoreSpec(StageSpec):
+    """Spec of the ``score`` stage: batch predictions for a file of new rows with a trained model.
+
+    :param input_uri: a CSV (comma or the UCI semicolon layout) or Parquet file, or a directory of
+        them; local path, ``s3://`` or ``gs://``.
+    :param model_dir: the model directory the ``train`` stage wrote (what the deploy task served).
+    :param output_uri: where the predictions go; None: next to the input, as
+        ``<input name>.predictions-<model version>`` (``-2``, ``-3``... when that exists).
+    :param prediction_column: the added column; None: ``predicted_<label column>``.
+    :param batch_size: rows per batch handed to a scoring actor.
+    :param concurrency: scoring actors (each loads the model once).
+    :param cpus_per_actor: CPUs each scoring actor reserves (fractional leaves Ray Data headroom).
+    """
+
+    stage: ClassVar[str] = "score"
+    input_uri: str = ""
+    model_dir: str = ""
+    output_uri: str | None = None
+    prediction_column: str | None = None
+    batch_size: int = 4096
+    concurrency: int = 1
+    cpus_per_actor: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_non_empty("ScoreSpec", "input_uri", self.input_uri)
+        require_non_empty("ScoreSpec", "model_dir", self.model_dir)
+        if self.output_uri is not None:
+            require_non_empty("ScoreSpec", "output_uri", self.output_uri)
+        if self.prediction_column is not None:
+            require_non_empty("ScoreSpec", "prediction_column", self.prediction_column)
+        require_int_range("ScoreSpec", "batch_size", self.batch_size, 1)
+        require_int_range("ScoreSpec", "concurrency", self.concurrency, 1)
+        value = self.cpus_per_actor
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise SpecError(f"ScoreSpec.cpus_per_actor must be a number > 0, got {value!r}")
+
+
+@dataclasses.dataclass
+class ScoreResult(JsonDataclass):
+    """What the ``score`` stage wrote: the predictions' location, row count and a summary."""
+
+    output_uri: str
+    output_format: str
+    rows: int
+    prediction_column: str
+    model_dir: str
+    model_version: str
+    input_uri: str
+    predictions: dict[str, float]

@@ -113,7 +113,10 @@ def _write_final(cfg: dict[str, Any], final: dict[str, Any]) -> None:
 
 def _announce_worker(cfg: dict[str, Any], rank: int) -> None:
     """Record this worker process (pid, rank, start time): operators and tests find workers here."""
-    record = {"pid": os.getpid(), "rank": rank, "host": platform.node(), "started": time.time()}
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    record = {"pid": os.getpid(), "rank": rank, "host": platform.node(), "node_id": node_id, "started": time.time()}
     uri = artifacts.join(cfg["artifact_dir"], WORKERS_DIR, f"rank{rank}-pid{os.getpid()}.json")
     artifacts.write_json_atomic(uri, record)
 
@@ -372,6 +375,12 @@ def _list_files(uri: str) -> list[str]:
     return [info.path for info in filesystem.get_file_info(selector) if info.type == pafs.FileType.File]
 
 
+def _worker_record_uris(artifact_dir: str) -> list[str]:
+    """URIs of the worker records (one per worker process start) under the run's artifacts."""
+    base = artifacts.join(artifact_dir, WORKERS_DIR)
+    return [artifacts.join(base, os.path.basename(path)) for path in _list_files(base)]
+
+
 def _read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     with np.load(io.BytesIO(artifacts.read_bytes(artifacts.join(artifact_dir, EVALUATION_DIR, f"{split}.npz"))),
                  allow_pickle=False) as data:
@@ -440,7 +449,8 @@ def run_training(spec: TrainSpec) -> TrainResult:
     common = dict(
         train_loop_config=loop_config,
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=None if local_mode else resources),
+                                     resources_per_worker=None if local_mode else resources,
+                                     placement_strategy=spec.placement_strategy),
         run_config=RunConfig(
             name=run_name(spec.artifact_dir), storage_path=_storage_path(spec.artifact_dir),
             failure_config=FailureConfig(max_failures=spec.max_failures),
@@ -472,11 +482,14 @@ def run_training(spec: TrainSpec) -> TrainResult:
     test_labels, _ = _read_evaluation(spec.artifact_dir, "test")
     baseline = {"test_rmse": regression_metrics(test_labels, np.full_like(test_labels, label_mean))["rmse"],
                 "train_label_mean": label_mean}
-    worker_starts = len(_list_files(artifacts.join(spec.artifact_dir, WORKERS_DIR)))
+    worker_records = [artifacts.read_json(f"{uri}") for uri in _worker_record_uris(spec.artifact_dir)]
+    worker_starts = len(worker_records)
     compute_used = {
         "use_gpu": use_gpu, "accelerator": "gpu" if use_gpu else "cpu", "device": final.get("device"),
         "num_workers": num_workers, "local_mode": local_mode, "data_loading": data_loading, "cpus_per_worker": cpus_per_worker,
         "gpus_per_worker": gpus_per_worker, "gpu_fallback": fallback_reason is not None,
+        "placement_strategy": spec.placement_strategy,
+        "worker_nodes": sorted({r["node_id"] for r in worker_records if r.get("node_id")}),
         "fallback_reason": fallback_reason, "sizing_reason": sizing_reason,
         "requested": {key: spec.compute.get(key) for key in ("use_gpu", "num_workers", "cpus_per_worker",
                                                              "gpus_per_worker", "accelerator", "reason")},

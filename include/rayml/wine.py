@@ -162,6 +162,7 @@ def generate(rows: int = 6497, seed: int = 7) -> pd.DataFrame:
 
 def to_uci_csv(frame: pd.DataFrame) -> bytes:
     """Serialise one colour's rows exactly as the UCI files are published: ``;`` and quoted header."""
-    header = ";".join(f'"{column}"' for column in UCI_COLUMNS)
-    body = frame.loc[:, list(UCI_COLUMNS)].to_csv(sep=";", header=False, index=False, lineterminator="\n")
+    columns = [column for column in UCI_COLUMNS if column in frame.columns]  # no label: new wines
+    header = ";".join(f'"{column}"' for column in columns)
+    body = frame.loc[:, columns].to_csv(sep=";", header=False, index=False, lineterminator="\n")
     return (header + "\n" + body).encode("utf-8")

@@ -48,3 +48,14 @@ def test_spec_missing_field_named():
 def test_spec_not_json_says_so():
     with pytest.raises(SpecError, match="not valid JSON"):
         GenerateSpec.from_json("{rows: 5")
+
+
+def test_generate_spec_rejects_a_path_as_file_name():
+    from rayml.errors import SpecError
+    from rayml.specs import GenerateSpec
+
+    assert GenerateSpec(artifact_dir="/tmp/x", name="new_wines", with_label=False).name == "new_wines"
+    with pytest.raises(SpecError, match="GenerateSpec.name must be a plain file name"):
+        GenerateSpec(artifact_dir="/tmp/x", name="../elsewhere")
+    with pytest.raises(SpecError, match="with_label must be true or false"):
+        GenerateSpec(artifact_dir="/tmp/x", with_label="no")

@@ -1,0 +1,41 @@
+"""DAGs for the batch-scoring tests: train one small model, then score files given in run conf."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from operators.ray_data import RayDataPreprocessOperator
+from operators.ray_job import RayJobOperator
+from operators.ray_score import RayBatchScoreOperator
+from operators.ray_train import RayTrainOperator
+
+START = datetime(2026, 1, 1)
+SPLITS = "ti.xcom_pull('preprocess')"
+
+with DAG(dag_id="score_model", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True):
+    data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 1500, "seed": 5},
+                          poll_interval_s=0.3)
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=2,
+                                           poll_interval_s=0.3)
+    # The published UCI layout without the quality column: the type comes from the file names.
+    new_wines = RayJobOperator(task_id="new_wines", stage="generate", poll_interval_s=0.3,
+                               spec={"rows": 700, "seed": 99, "file_format": "uci", "with_label": False})
+    train = RayTrainOperator(
+        task_id="train", config={"family": "xgboost", "num_boost_round": 20}, poll_interval_s=0.3,
+        train_uri="{{ %s['split_uris']['train'] }}" % SPLITS,
+        validation_uri="{{ %s['split_uris']['validation'] }}" % SPLITS,
+        test_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
+        feature_columns="{{ %s['feature_columns'] }}" % SPLITS,
+        preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
+        data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
+    )
+    data >> preprocess >> train
+
+with DAG(dag_id="score_file", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True):
+    RayBatchScoreOperator(task_id="score", input_uri="{{ dag_run.conf['input'] }}",
+                          model="{{ dag_run.conf.get('model') }}", batch_size=256, concurrency=1,
+                          retries=0, poll_interval_s=0.3)

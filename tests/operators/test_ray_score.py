@@ -1,0 +1,111 @@
+"""The batch-scoring stage and RayBatchScoreOperator on a real local Ray cluster."""
+
+from __future__ import annotations
+
+import glob
+import os
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayml import artifacts
+from rayml.score import default_output
+from rayml.serve import LoadedModel
+from rayml.tables import read_tables
+from tests.conftest import load_dag
+from tests.operators.test_ray_job import _xcom
+
+pytestmark = pytest.mark.integration
+_RUNS = iter(range(1, 1000))
+
+
+def _score(**conf):
+    when = datetime(2026, 7, 1, tzinfo=timezone.utc) + timedelta(hours=next(_RUNS))
+    dag_run = load_dag("score_file").test(logical_date=when, run_after=when, run_conf=conf)
+    return dag_run, {ti.task_id: ti.state for ti in dag_run.get_task_instances()}["score"]
+
+
+@pytest.fixture(scope="module")
+def trained(airflow_db, ray_conn):
+    when = datetime(2026, 7, 1, tzinfo=timezone.utc)
+    dag_run = load_dag("score_model").test(logical_date=when, run_after=when)
+    assert dag_run.state == "success"
+    return _xcom(dag_run, "train"), _xcom(dag_run, "new_wines")["data_uris"]
+
+
+def _error(dag_run) -> str:
+    """The failed stage's reason, from the manifest it left in its artifact directory."""
+    from operators.hooks.ray import RayHook
+
+    task_dir = artifacts.run_dir(RayHook().artifact_root, dag_run.dag_id, dag_run.run_id, "score")
+    return artifacts.read_json(artifacts.manifest_uri(task_dir))["error"]
+
+
+def _read_output(uri: str) -> pd.DataFrame:
+    files = sorted(glob.glob(os.path.join(uri, "*.csv")))
+    assert files, f"no CSV files in {uri}"
+    return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+
+
+def test_scores_a_uci_file_next_to_it_with_the_models_own_predictions(trained):
+    model, files = trained
+    red = next(f for f in files if f.endswith("winequality-red.csv"))
+    dag_run, state = _score(input=red, model=model)
+    assert state == "success"
+    result = _xcom(dag_run, "score")
+    assert os.path.dirname(result["output_uri"]) == os.path.dirname(red)
+    assert os.path.basename(result["output_uri"]) == f"winequality-red.predictions-{model['model_version']}"
+    scored = _read_output(result["output_uri"])
+    expected_rows = read_tables([red])
+    assert result["rows"] == len(scored) == len(expected_rows) > 0
+    assert "quality" not in scored.columns and set(expected_rows.columns) - {"type"} <= set(scored.columns)
+    # the same predictions as the model directory loaded outside Ray, row for row (order kept)
+    direct = LoadedModel.load(model["model_dir"]).predict_frame(expected_rows)
+    np.testing.assert_allclose(scored["predicted_quality"].to_numpy(), direct, rtol=1e-5, atol=1e-5)
+    assert result["predictions"]["min"] == pytest.approx(float(direct.min()), abs=1e-4)
+    assert not glob.glob(os.path.join(os.path.dirname(red), ".*tmp-*"))
+
+    # scoring the same file again never overwrites the first output
+    first_mtime = os.path.getmtime(result["output_uri"])
+    again, state = _score(input=red, model=model["model_dir"])
+    assert state == "success"
+    assert _xcom(again, "score")["output_uri"] == result["output_uri"] + "-2"
+    assert os.path.getmtime(result["output_uri"]) == first_mtime
+
+
+def test_bad_values_fail_with_the_column_and_leave_no_output(trained, tmp_path):
+    model, files = trained
+    frame = read_tables([files[0]]).head(50)
+    frame["alcohol"] = frame["alcohol"].astype(object)
+    frame.loc[7, "alcohol"] = "lots"
+    bad = tmp_path / "bad_wines.csv"
+    frame.to_csv(bad, index=False)
+    dag_run, state = _score(input=str(bad), model=model)
+    assert state == "failed"
+    error = _error(dag_run)
+    assert "column 'alcohol'" in error and "lots" in error and "bad_wines.csv" in error, error
+    assert sorted(os.listdir(tmp_path)) == ["bad_wines.csv"]  # neither output nor temporary files
+
+
+def test_missing_columns_and_unknown_models_are_named(trained, tmp_path):
+    model, files = trained
+    frame = read_tables([files[0]]).drop(columns=["pH"]).head(20)
+    thin = tmp_path / "thin.csv"
+    frame.to_csv(thin, index=False)
+    dag_run, state = _score(input=str(thin), model=model)
+    assert state == "failed"
+    assert "lacks column(s) ['pH']" in _error(dag_run)
+    dag_run, state = _score(input=str(thin), model=str(tmp_path / "no-such-model"))
+    assert state == "failed"
+    assert "is not a model directory" in _error(dag_run)
+    assert sorted(os.listdir(tmp_path)) == ["thin.csv"]
+
+
+def test_default_output_never_names_an_existing_path(tmp_path):
+    base = tmp_path / "wines.csv"
+    first = default_output(str(base), "v1")
+    assert first == str(tmp_path / "wines.predictions-v1")
+    os.makedirs(first)
+    assert default_output(str(base), "v1") == first + "-2"
