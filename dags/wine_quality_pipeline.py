@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, Param, task
 
 from operators.gpu_probe import GPUProbeOperator
 from operators.ray_data import RayDataPreprocessOperator
@@ -40,6 +40,9 @@ SPLITS = "ti.xcom_pull('preprocess')"
 # Weekly by default. `make run` sets WINE_PIPELINE_SCHEDULE=none, so unpausing the DAG for the demo
 # does not also start the latest scheduled run next to the one it triggers.
 SCHEDULE = os.environ.get("WINE_PIPELINE_SCHEDULE", "@weekly")
+# Updated by `deploy` only when it promotes a model; its event carries the model's URI, version and
+# test metrics. dags/wine_batch_scoring.py is scheduled on it.
+WINE_MODEL = Asset("wine_quality_model")
 
 with DAG(
     dag_id="wine_quality_pipeline",
@@ -60,6 +63,10 @@ with DAG(
         "family": Param("xgboost", enum=["xgboost", "lightning"], description="Model family to train"),
         "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, description="Lightning epochs"),
         "num_boost_round": Param(200, type="integer", minimum=1, maximum=10000, description="XGBoost rounds"),
+        "train_workers": Param(None, type=["null", "integer"], minimum=0, maximum=512,
+                               description="Ray Train workers (0: local mode); empty sizes from the data"),
+        "placement_strategy": Param("PACK", enum=["PACK", "SPREAD", "STRICT_SPREAD"],
+                                    description="How training workers are placed on the cluster's nodes"),
         "require_gpu": Param(False, type="boolean", description="Fail instead of falling back to CPU"),
         "wait_for_gpu_s": Param(0, type="number", minimum=0, maximum=3600,
                                 description="On autoscaling clusters: seconds to wait for a GPU node"),
@@ -89,6 +96,7 @@ with DAG(
         task_id="preprocess",
         source="{{ params.source }}",  # None: the demo_data files
         source_task_id="demo_data",
+        trigger_rule="none_failed_min_one_success",  # after demo_data, or straight after pick_data
         label_column="{{ params.label_column }}",
         scaler="{{ params.scaler }}",
         label_range="{{ params.label_range }}",
@@ -108,6 +116,8 @@ with DAG(
         label_column="{{ params.label_column }}",
         preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
         data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
+        num_workers="{{ params.train_workers }}",
+        placement_strategy="{{ params.placement_strategy }}",
         doc_md="Train on Ray Train; the XCom holds the model directory, its version and test metrics.",
     )
 
@@ -121,8 +131,14 @@ with DAG(
         test_split_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
         compute="{{ ti.xcom_pull('probe') }}",
         min_improvement="{{ params.min_improvement }}",
+        outlets=[WINE_MODEL],
         doc_md="Promote the model to Ray Serve if it beats the served one; roll back on failure.",
     )
 
+    @task.branch(doc_md="Use the `source` Param's files when given; generate the demo data otherwise.")
+    def pick_data(params: dict | None = None) -> list[str]:
+        return ["preprocess"] if (params or {}).get("source") else ["demo_data", "preprocess"]
+
+    pick_data() >> [demo_data, preprocess]
     demo_data >> preprocess >> train >> deploy_enabled() >> deploy
     probe >> train

@@ -1,26 +1,49 @@
-"""The wine DAG end to end (with the stages that exist) through dag.test() on a real Ray cluster."""
+"""The wine DAGs end to end through dag.test() on real local Ray clusters, ending in real HTTP calls."""
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 from datetime import datetime, timezone
 
+import pandas as pd
 import pytest
 import requests
 
 from rayml.specs import ComputeSpec
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, extra_cluster, load_dag
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = pytest.mark.integration
 
+ROW = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "residual sugar": 20.7,
+       "chlorides": 0.045, "free sulfur dioxide": 45.0, "total sulfur dioxide": 170.0, "density": 1.001,
+       "pH": 3.0, "sulphates": 0.45, "alcohol": 8.8, "type": "white"}
+SMALL = {"demo_rows": 1500, "demo_seed": 1, "family": "xgboost", "num_boost_round": 40}
+
+
+def _run(dag_id: str, when: datetime, **conf):
+    return load_dag(dag_id, ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
+
+
+def _states(dag_run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+
+
+def _asset_events(name: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                .filter(AssetModel.name == name).order_by(AssetEvent.id).all())
+        return [dict(row.extra or {}) for row in rows]
+
 
 def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
-    dag = load_dag("wine_quality_pipeline", ROOT / "dags")
-    when = datetime(2026, 4, 1, tzinfo=timezone.utc)
-    conf = {"demo_rows": 1500, "demo_seed": 1, "family": "xgboost", "num_boost_round": 40}
-    dag_run = dag.test(logical_date=when, run_after=when, run_conf=conf)
-    assert dag_run.state == "success"
+    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 1, tzinfo=timezone.utc), **SMALL)
+    assert dag_run.state == "success", _states(dag_run)
     compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
     assert compute.use_gpu is False
     data = _xcom(dag_run, "demo_data")
@@ -35,10 +58,66 @@ def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
     assert model["metrics"]["test"]["rmse"] < model["baseline"]["test_rmse"]
     deployed = _xcom(dag_run, "deploy")
     assert deployed["action"] == "promoted" and deployed["model_version"] == model["model_version"]
-    row = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "residual sugar": 20.7,
-           "chlorides": 0.045, "free sulfur dioxide": 45.0, "total sulfur dioxide": 170.0, "density": 1.001,
-           "pH": 3.0, "sulphates": 0.45, "alcohol": 8.8, "type": "white"}
-    answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [row]}, timeout=30)
+    answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [ROW]}, timeout=30)
     assert answer.status_code == 200
     assert answer.json()["model_version"] == model["model_version"]
     assert 3 <= answer.json()["predictions"][0] <= 9
+    # the promotion is an event of the model Asset, carrying the model's URI and test metrics
+    event = _asset_events("wine_quality_model")[-1]
+    assert event["model_version"] == model["model_version"] and event["model_dir"] == model["model_dir"]
+    assert event["metrics"] == pytest.approx(model["metrics"]["test"])
+
+
+def test_second_run_with_a_worse_model_keeps_the_champion(airflow_db, ray_conn):
+    served = requests.get(f"{json.loads(os.environ['AIRFLOW_CONN_RAY_DEFAULT'])['extra']['serve_url']}"
+                          "/wine/health", timeout=10).json()["model_version"]
+    events_before = len(_asset_events("wine_quality_model"))
+    # one shallow boosting round on the same data: far worse than the served model
+    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 2, tzinfo=timezone.utc),
+                   **{**SMALL, "num_boost_round": 1})
+    states = _states(dag_run)
+    assert states["train"] == "success" and states["deploy"] == "skipped", states
+    decision = _xcom(dag_run, "deploy", key="decision")
+    assert decision["action"] == "kept_champion" and decision["champion_version"] == served
+    assert decision["challenger"] > decision["champion"]
+    health = requests.get(f"{_xcom(dag_run, 'deploy', key='serve_endpoint')['endpoint']}/health", timeout=10)
+    assert health.json()["model_version"] == served
+    assert len(_asset_events("wine_quality_model")) == events_before  # no event: scoring does not rerun
+
+
+def test_batch_scoring_dag_scores_new_wines_with_the_served_model(airflow_db, ray_conn):
+    served = _asset_events("wine_quality_model")
+    if not served:
+        pytest.skip("needs the pipeline test's promotion first")
+    dag_run = _run("wine_batch_scoring", datetime(2026, 4, 3, tzinfo=timezone.utc), new_rows=400)
+    assert dag_run.state == "success", _states(dag_run)
+    result = _xcom(dag_run, "score")
+    new_wines = _xcom(dag_run, "new_wines")["data_uris"][0]
+    assert os.path.dirname(result["output_uri"]) == os.path.dirname(new_wines)
+    assert result["model_version"] == served[-1]["model_version"] and result["rows"] == 400
+    scored = pd.concat([pd.read_csv(f) for f in sorted(glob.glob(os.path.join(result["output_uri"], "*.csv")))])
+    assert len(scored) == 400 and scored["predicted_quality"].between(0, 10).all()
+    assert "quality" not in scored.columns
+
+
+def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray_conn, monkeypatch, tmp_path):
+    from rayml.localcluster import free_port
+
+    with extra_cluster("ray_two_node", num_cpus=2) as cluster:
+        cluster.add_node(num_cpus=2)
+        node_ids = {node["node_id"] for node in cluster.nodes()}
+        assert len(node_ids) == 2
+        monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({
+            "conn_type": "ray",
+            "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
+                      "artifact_root": str(tmp_path), "serve_url": f"http://127.0.0.1:{free_port()}"},
+        }))
+        dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 4, tzinfo=timezone.utc),
+                       **{**SMALL, "train_workers": 2, "placement_strategy": "STRICT_SPREAD"})
+        assert dag_run.state == "success", _states(dag_run)
+        used = _xcom(dag_run, "train")["compute_used"]
+        assert used["num_workers"] == 2 and used["placement_strategy"] == "STRICT_SPREAD"
+        assert set(used["worker_nodes"]) == node_ids  # one training worker on each node
+        deployed = _xcom(dag_run, "deploy")
+        answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [ROW]}, timeout=30)
+        assert answer.status_code == 200
