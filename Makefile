@@ -1,10 +1,12 @@
 # The two commands: `make run` (the wine pipeline on the embedded local stack) and `make test`.
+# `make run SOURCE=red.csv,white.csv` runs it on your files; `CONF='{"max_trials": 8}'` sets Params.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONF ?= {}
+SOURCE ?=
 
 .PHONY: install run stop test test-unit clean
 
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/python scripts/stack.py up
-	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)'
+	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)' --source '$(SOURCE)'
 
 stop:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python scripts/stack.py down; else echo "nothing to stop"; fi

@@ -223,8 +223,31 @@ def _xcom(client: AirflowClient, run_id: str, task_id: str, key: str = "return_v
     return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
 
 
+def report_leaderboard(client: AirflowClient, run_id: str, top: int = 5) -> None:
+    """Print the first rows of the run's Tune leaderboard (best first)."""
+    tuned = _xcom(client, run_id, "tune")
+    if not isinstance(tuned, dict) or not tuned.get("leaderboard_json_uri"):
+        return
+    from rayml import artifacts
+
+    rows = artifacts.read_json(tuned["leaderboard_json_uri"])
+    counts = tuned.get("trials", {})
+    print(f"\ntune: {counts.get('total', len(rows))} trials ({counts.get('completed', '?')} completed, "
+          f"{counts.get('early_stopped', '?')} stopped early by {tuned.get('scheduler')}, "
+          f"{counts.get('failed', '?')} failed) in {tuned.get('time_s', float('nan')):.0f} s; top {top}:")
+    print(f"{'rank':>4} {'family':<10} {'scaler':<9} {'val RMSE':>9} {'val MAE':>8} {'status':<14} config")
+    for row in rows[:top]:
+        metrics = row.get("metrics") or {}
+        config = {k: v for k, v in (row.get("config") or {}).items() if k not in ("family", "scaler")}
+        print(f"{row.get('rank', ''):>4} {row.get('family', ''):<10} {row.get('scaler', ''):<9} "
+              f"{metrics.get('val_rmse', float('nan')):>9.4f} {metrics.get('val_mae', float('nan')):>8.4f} "
+              f"{row.get('status', ''):<14} {json.dumps(config, sort_keys=True)[:90]}")
+    print(f"leaderboard: {tuned['leaderboard_csv_uri']}\nplot: {tuned['plot_uri']}")
+
+
 def report_model(client: AirflowClient, run_id: str) -> None:
     """Print the trained model's test metrics, the endpoint, and one real prediction from it."""
+    report_leaderboard(client, run_id)
     model = _xcom(client, run_id, "train")
     if isinstance(model, dict) and model.get("metrics"):
         test = model["metrics"]["test"]
@@ -251,10 +274,29 @@ def report_model(client: AirflowClient, run_id: str) -> None:
         print(f"endpoint {endpoint['endpoint']} did not answer: {err}")
 
 
+def source_param(text: str) -> list[str]:
+    """``SOURCE=a.csv,b.csv`` as the DAG's ``source`` Param: local paths made absolute (the Ray job
+    runs elsewhere), URLs as they are; a local path that does not exist is an error here, not later."""
+    sources = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if "://" in item:
+            sources.append(item)
+            continue
+        path = Path(item).expanduser().resolve()
+        if not path.exists():
+            raise SystemExit(f"SOURCE {item!r} does not exist (resolved to {path}); give existing files or URLs")
+        sources.append(str(path))
+    return sources
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python scripts/stack.py")
     parser.add_argument("command", choices=("up", "trigger", "down"))
     parser.add_argument("--conf", default="{}", help="DAG run conf (JSON) for trigger")
+    parser.add_argument("--source", default="",
+                        help="your data instead of the demo: path(s) or URL(s), comma-separated")
     parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args()
     if args.command == "up":
@@ -262,7 +304,10 @@ def main() -> int:
     elif args.command == "down":
         down()
     else:
-        return trigger(json.loads(args.conf), args.timeout)
+        conf = json.loads(args.conf)
+        if args.source.strip():
+            conf["source"] = source_param(args.source)
+        return trigger(conf, args.timeout)
     return 0
 
 
