@@ -1,5 +1,5 @@
 # The two commands: `make run` (the wine pipeline on the embedded local stack) and `make test`.
-# `make run SOURCE=red.csv,white.csv` runs it on your files; `CONF='{"max_trials": 8}'` sets Params.
+# `make run SOURCE=red.csv,white.csv` runs it on your files; `CONF='{"num_trials": 8}'` sets Params.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
