@@ -54,11 +54,26 @@ _TEMPLATES = Environment(
 )
 
 
-def ray_conn_id() -> str:
-    """The connection the page reads Ray through: ``[ray_ml] ray_conn_id``, else ``ray_default``."""
+def _setting(name: str, default: str | None = None) -> str | None:
     from airflow.configuration import conf
 
-    return conf.get(CONFIG_SECTION, "ray_conn_id", fallback=DEFAULT_CONN_ID) or DEFAULT_CONN_ID
+    return conf.get(CONFIG_SECTION, name, fallback=default) or default
+
+
+def ray_conn_id() -> str:
+    """The connection the page reads Ray through: ``[ray_ml] ray_conn_id``, else ``ray_default``."""
+    return _setting("ray_conn_id", DEFAULT_CONN_ID)
+
+
+def public_urls() -> tuple[str | None, str | None]:
+    """Where a person's browser reaches the dashboard and Serve, when not where Airflow does.
+
+    ``[ray_ml] dashboard_url`` / ``serve_url`` (``AIRFLOW__RAY_ML__DASHBOARD_URL``, ...): for
+    example ``http://127.0.0.1:8265`` when Airflow reaches Ray as ``http://ray-head:8265`` inside
+    docker compose. Unset: the connection's own URLs are shown.
+    """
+    dashboard, serve = _setting("dashboard_url"), _setting("serve_url")
+    return (dashboard.rstrip("/") if dashboard else None), (serve.rstrip("/") if serve else None)
 
 
 # -- what the page shows ------------------------------------------------------------------------
@@ -98,6 +113,7 @@ class TuneRun:
 class PageData:
     conn_id: str
     dashboard_url: str | None = None
+    internal_dashboard_url: str | None = None
     apps: list[ServedApp] = field(default_factory=list)
     serve_error: str | None = None
     tune: TuneRun | None = None
@@ -151,11 +167,13 @@ def load_serve(data: PageData) -> None:
     """Fill in the served applications, or the reason they cannot be shown."""
     from operators.hooks.ray import RayHook
 
+    public_dashboard, public_serve = public_urls()
     try:
         hook = RayHook(data.conn_id, timeout_s=5.0)
-        data.dashboard_url = hook.dashboard_url
+        data.internal_dashboard_url = hook.dashboard_url
+        data.dashboard_url = public_dashboard or hook.dashboard_url
         state = hook.get_serve_applications()
-        serve_url = hook.serve_url
+        serve_url = public_serve or hook.serve_url
     except Exception as err:  # unreachable, bad token, bad connection: say so, keep rendering
         data.serve_error = str(err)
         return
@@ -241,6 +259,9 @@ def load_tune(data: PageData) -> None:
         return
     if data.tune is None:
         return
+    job_url, internal = data.tune.job_url, data.internal_dashboard_url
+    if job_url and internal and data.dashboard_url and job_url.startswith(internal):
+        data.tune.job_url = data.dashboard_url + job_url[len(internal):]
     try:
         data.tune.rows = read_leaderboard(data.tune.result[LEADERBOARD_KEY])
     except Exception as err:

@@ -2,8 +2,8 @@
 
 The browser test runs Airflow's own api-server app (plugins, auth manager and all) under uvicorn,
 against a model really deployed on Ray Serve and a Tune-shaped XCom written by a fixture DAG run,
-then loads the page in Debian's Chromium: logged in through Airflow's all-admins login, which sets
-the same session cookie the UI's iframe carries.
+then loads the page in Debian's Chromium (Airflow in all-admins mode, so every request carries an admin's JWT,
+as the UI's session cookie does for the page's iframe).
 """
 
 from __future__ import annotations
@@ -77,6 +77,15 @@ def test_page_escapes_everything_it_shows():
     html = ray_ml.render(data)
     assert "<script>" not in html
     assert html.count("&lt;script&gt;") >= 5
+
+
+def test_page_refuses_requests_without_an_airflow_login():
+    from fastapi.testclient import TestClient
+
+    client = TestClient(ray_ml.build_app())
+    for path in ("/", "/plot.png", "/status.json"):
+        response = client.get(path)
+        assert response.status_code == 401, (path, response.status_code)
 
 
 def test_leaderboard_that_is_not_a_list_of_rows_is_refused(tmp_path):
@@ -179,19 +188,15 @@ def test_ray_ml_page_in_headless_chromium_shows_served_model_and_leaderboard(ser
     deployed, trained, tuned = served_and_tuned
     page = f"{api_server}{ray_ml.URL_PREFIX}/"
 
-    # Inside Airflow the page needs a login, like the rest of the UI.
-    assert requests.get(page, timeout=30).status_code == 401
-
-    token = requests.get(f"{api_server}/auth/token", timeout=30).json()["access_token"]
-    cookies = {"_token": token}
-    plot = requests.get(f"{page}plot.png", cookies=cookies, timeout=30)
+    # All-admins mode: Airflow's middleware gives every request an admin's JWT, which the page's
+    # dependency on Airflow's get_user then validates (the refusal without one is tested above).
+    plot = requests.get(f"{page}plot.png", timeout=30)
     assert plot.status_code == 200 and plot.headers["content-type"] == "image/png"
     assert plot.content == Path(tuned["plot_uri"]).read_bytes()
 
-    login = f"{api_server}/auth/token/login?next={ray_ml.URL_PREFIX}/"
     profile = str(tmp_path / "profile")
     started = time.monotonic()
-    dom = _chromium(login, profile, "--dump-dom", "--virtual-time-budget=5000")
+    dom = _chromium(page, profile, "--dump-dom", "--virtual-time-budget=5000")
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
 
@@ -213,7 +218,7 @@ def test_ray_ml_page_in_headless_chromium_shows_served_model_and_leaderboard(ser
     assert "/#/jobs/airflow-ray_ml_page_tune-tune-0" in html
 
     shot = tmp_path / "ray-ml-page.png"
-    result = _chromium(login, str(tmp_path / "profile2"), f"--screenshot={shot}", "--window-size=1280,1600",
+    result = _chromium(page, str(tmp_path / "profile2"), f"--screenshot={shot}", "--window-size=1280,1600",
                        "--hide-scrollbars", "--virtual-time-budget=5000")
     assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
     width, height, scanlines = _png_pixels(shot.read_bytes())
