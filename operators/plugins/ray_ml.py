@@ -24,8 +24,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
+from fastapi.security import HTTPBearer
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from airflow.plugins_manager import AirflowPlugin
@@ -314,6 +315,20 @@ def plot_bytes() -> bytes:
     return payload
 
 
+_BEARER = HTTPBearer(auto_error=False)
+
+
+async def require_airflow_user(request: Request) -> Any:
+    """Airflow's own login check (``get_user``: a bearer token, else the UI's session cookie).
+
+    Imported on the first request, not with the plugin: every Airflow process loads plugins, and
+    the api-server's security module costs seconds to import in a task's process.
+    """
+    from airflow.api_fastapi.core_api.security import get_user
+
+    return await get_user(request, _oauth_token=None, bearer_credentials=await _BEARER(request))
+
+
 def build_app(*, authenticate: bool = True) -> FastAPI:
     """The page's FastAPI app; ``authenticate`` asks for an Airflow login, as every UI page does.
 
@@ -321,11 +336,7 @@ def build_app(*, authenticate: bool = True) -> FastAPI:
     Airflow's ``get_user`` (the UI's session cookie reaches the page's iframe, which is on the same
     origin). ``authenticate=False`` is for running the page outside the api-server.
     """
-    dependencies = []
-    if authenticate:
-        from airflow.api_fastapi.core_api.security import get_user
-
-        dependencies.append(Depends(get_user))
+    dependencies = [Depends(require_airflow_user)] if authenticate else []
     app = FastAPI(title="Ray ML", dependencies=dependencies, docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/", response_class=HTMLResponse)
