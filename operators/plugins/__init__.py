@@ -1,0 +1,1 @@
+"""Airflow UI plugins of the provider: the "Ray ML" page (``ray_ml``)."""
