@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--searcher", default="random", choices=["random", "optuna"])
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--new-actor-per-trial", action="store_true", help="reuse_actors=False")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of (none, asha), alternating the order")
     args = parser.parse_args()
 
     from ray.job_submission import JobSubmissionClient
@@ -74,28 +76,39 @@ def main() -> None:
         client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
         tune(client, work, data, num_samples=1, search_space={"family": "xgboost", "xgboost": {"num_boost_round": 5}})
         common = {"num_samples": args.samples, "searcher": args.searcher, "seed": args.seed, "cpus_per_trial": 1.0,
-                  "max_concurrent_trials": 2}
-        for scheduler in ("none", "asha"):
-            results[scheduler] = tune(client, work, data, scheduler=scheduler, **common)
-            seconds, manifest = results[scheduler]
-            print(f"row: {scheduler} {seconds:.1f} s best {manifest['best_metric']:.4f} {manifest['trials']}", flush=True)
+                  "max_concurrent_trials": 2, "reuse_actors": not args.new_actor_per_trial}
+        for repeat in range(args.repeats):
+            # Alternate the order: the machine is shared, and its load drifts during a run.
+            for scheduler in (("none", "asha") if repeat % 2 == 0 else ("asha", "none")):
+                seconds, manifest = tune(client, work, data, scheduler=scheduler, **common)
+                rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+                trial_seconds = sum(row["time_s"] for row in rows)
+                results.setdefault(scheduler, []).append((seconds, manifest, trial_seconds))
+                print(f"row: {scheduler} {seconds:.1f} s, trial-seconds {trial_seconds:.1f}, best "
+                      f"{manifest['best_metric']:.4f} {manifest['trials']}", flush=True)
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    base_s, base = results["none"]
+    base_s = sum(seconds for seconds, _, _ in results["none"])
+    base_trial_s = sum(trial_s for _, _, trial_s in results["none"])
+    base_best = results["none"][0][1]["best_metric"]
     print()
-    print(f"{'scheduler':22} {'time s':>8} {'time ratio':>10} {'best val_rmse':>13} {'vs no stopping':>14} "
-          f"{'completed':>9} {'stopped':>7} {'best trial':>24}")
+    print(f"{'scheduler':22} {'time s':>8} {'time ratio':>10} {'trial-s ratio':>13} {'best val_rmse':>13} "
+          f"{'vs no stopping':>14} {'completed':>9} {'stopped':>7} {'best trial':>18}")
     for scheduler, label in (("none", "none (all trials run)"), ("asha", "ASHA")):
-        seconds, manifest = results[scheduler]
-        change = 100 * (manifest["best_metric"] - base["best_metric"]) / base["best_metric"]
+        runs = results[scheduler]
+        seconds = sum(run[0] for run in runs)
+        trial_s = sum(run[2] for run in runs)
+        manifest = runs[0][1]
+        change = 100 * (manifest["best_metric"] - base_best) / base_best
         best = manifest["best_config"]
-        print(f"{label:22} {seconds:8.1f} {seconds / base_s:9.2f}x {manifest['best_metric']:13.4f} {change:+13.2f}% "
-              f"{manifest['trials']['completed']:9d} {manifest['trials']['early_stopped']:7d} "
-              f"{best['family'] + '/' + best.get('scaler', '-'):>24}")
+        print(f"{label:22} {seconds / len(runs):8.1f} {seconds / base_s:9.2f}x {trial_s / base_trial_s:12.2f}x "
+              f"{manifest['best_metric']:13.4f} {change:+13.2f}% {manifest['trials']['completed']:9d} "
+              f"{manifest['trials']['early_stopped']:7d} {best['family'] + '/' + best.get('scaler', '-'):>18}")
     print(f"\n{args.samples} trials, {args.searcher} search (seed {args.seed}), default search space, 1 CPU per trial, "
-          f"2 at once; machine: {os.cpu_count()} CPUs, shared; data: wine 6,497 rows (generated).")
+          f"2 at once, reuse_actors={not args.new_actor_per_trial}, {args.repeats} run(s) each (time: mean); trial-s: the trials' "
+          f"own time summed; machine: {os.cpu_count()} CPUs, shared; data: wine 6,497 rows (generated).")
 
 
 if __name__ == "__main__":

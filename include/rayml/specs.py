@@ -586,6 +586,10 @@ class TuneSpec(StageSpec):
     :param asha_reduction_factor: ASHA keeps the best 1/N at each rung.
     :param seed: seeds the searcher and every trial's training (the train stage's default, 42, so
         RayTrain given the best config trains the same model).
+    :param reuse_actors: run the next trial in a finished (or stopped) trial's actor (Ray Tune's
+        ``reuse_actors``) instead of starting a new one, which saves the actor's start-up and its
+        torch/xgboost imports per trial; each trial still trains in a trial actor, seeded afresh.
+        False: a new actor per trial.
     """
 
     stage: ClassVar[str] = "tune"
@@ -611,10 +615,13 @@ class TuneSpec(StageSpec):
     asha_grace_period: int = 1
     asha_reduction_factor: int = 3
     seed: int = 42
+    reuse_actors: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = "TuneSpec"
+        if not isinstance(self.reuse_actors, bool):
+            raise SpecError(f"{owner}.reuse_actors must be true or false, got {self.reuse_actors!r}")
         for name in ("train_uri", "validation_uri", "label_column"):
             require_non_empty(owner, name, getattr(self, name))
         if not isinstance(self.feature_columns, list) or not self.feature_columns or any(

@@ -237,7 +237,7 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
             was_training = pl_module.training
             pl_module.eval()
             with torch.inference_mode():
-                predicted = pl_module.model(torch.from_numpy(val_x)).numpy()
+                predicted = pl_module.model(torch.from_numpy(val_x).to(pl_module.device)).cpu().numpy()
             pl_module.train(was_training)
             tune_report({"epoch": trainer.current_epoch + 1}, val_y, predicted)
 

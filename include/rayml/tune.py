@@ -310,7 +310,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
         tune_config=tune.TuneConfig(
             metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
             max_concurrent_trials=spec.max_concurrent_trials, search_alg=_searcher(spec),
-            scheduler=_scheduler(spec), time_budget_s=spec.time_budget_s, reuse_actors=False,
+            scheduler=_scheduler(spec), time_budget_s=spec.time_budget_s, reuse_actors=spec.reuse_actors,
         ),
         run_config=tune.RunConfig(
             name=name, storage_path=_storage_path(spec.artifact_dir), verbose=1,

@@ -37,3 +37,8 @@ with DAG(dag_id="tune_then_train", schedule=None, start_date=START, catchup=Fals
 with DAG(dag_id="tune_only", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True) as tune_only:
     _tune(retries=0)
+
+# Optuna's TPE instead of random search, every trial to its end.
+with DAG(dag_id="tune_optuna", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True) as tune_optuna:
+    _tune(searcher="optuna", scheduler="none")

@@ -102,6 +102,23 @@ def test_tune_all_trials_failing_ends_the_task_with_the_reason(airflow_db, ray_c
     assert all("no_such_method" in row["error"] for row in rows)
 
 
+@pytest.mark.integration
+def test_tune_optuna_searcher_samples_inside_the_space_and_every_trial_completes(airflow_db, ray_conn, preprocess):
+    space = {"family": "xgboost", "scaler": {"choice": ["standard", "none"]},
+             "xgboost": {"max_depth": {"randint": [2, 6]}, "eta": {"loguniform": [0.05, 0.3]}, "num_boost_round": 15}}
+    dag_run = _run("tune_optuna", preprocess, space, day=2)
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "tune")
+    assert manifest["searcher"] == "optuna" and manifest["scheduler"] == "none"
+    assert manifest["trials"] == {"total": 4, "completed": 4, "failed": 0, "early_stopped": 0}
+    rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+    for row in rows:
+        assert 2 <= row["config"]["max_depth"] < 6 and 0.05 <= row["config"]["eta"] <= 0.3
+        assert row["scaler"] in ("standard", "none") and row["iterations"] >= 2
+    assert len({row["config"]["eta"] for row in rows}) == 4  # the searcher proposed four configs
+    assert rows[0]["metrics"]["val_rmse"] == manifest["best_metric"] == min(r["metrics"]["val_rmse"] for r in rows)
+
+
 def _operator(**kwargs) -> RayTuneOperator:
     from airflow.sdk import DAG
 
