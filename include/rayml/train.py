@@ -153,7 +153,8 @@ def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarra
     from ray import tune
 
     metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
-    tune.report({**metrics, **step})
+    # Tune's own "timestamp" has whole seconds: too coarse to plot short trials over time.
+    tune.report({**metrics, **step, "reported_at": time.time()})
 
 
 def _write_final(cfg: dict[str, Any], final: dict[str, Any]) -> None:

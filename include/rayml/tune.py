@@ -393,9 +393,10 @@ def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: floa
             metrics = {name: float(last[name]) for name in METRICS}
         frame = result.metrics_dataframe
         history: list[tuple[float, float]] = []
-        if frame is not None and len(frame) and spec.metric in frame and "timestamp" in frame:
-            history = [(float(t) - started_wall, float(v)) for t, v in zip(frame["timestamp"], frame[spec.metric])
-                       if v == v]
+        clock = "reported_at" if frame is not None and "reported_at" in frame else "timestamp"
+        if frame is not None and len(frame) and spec.metric in frame and clock in frame:
+            history = [(float(t) - started_wall, float(v)) for t, v in zip(frame[clock], frame[spec.metric])
+                       if v == v and t == t]
         histories[trial_id] = history
         rows.append({
             "rank": 0, "trial_id": trial_id, "family": config.get("family"), "scaler": config.get("scaler"),
