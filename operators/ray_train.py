@@ -43,7 +43,12 @@ class RayTrainOperator(RayJobOperator):
     :param test_uri: the held-out test split (the model card's test metrics). (templated)
     :param feature_columns: the feature columns, in the order the model takes them. (templated)
     :param label_column: the regression target. (templated)
-    :param preprocessor_uri: a preprocessor JSON copied into the model directory. (templated)
+    :param preprocessor_uri: the preprocessor the splits were written with (the preprocess
+        manifest's), copied into the model directory. (templated)
+    :param preprocessor_variants: the preprocess manifest's ``preprocessor_variants``; needed when
+        ``config`` names a ``scaler`` other than the one the splits were written with (RayTune's
+        best config does): the features are mapped to it exactly and that variant is copied into
+        the model directory instead. (templated)
     :param data_fingerprint: the data's fingerprint, recorded in the model card. (templated)
     :param family: ``lightning`` or ``xgboost``; overrides ``config["family"]``. (templated)
     :param config: hyperparameters, e.g. RayTune's best config as is; missing ones take the
@@ -65,7 +70,7 @@ class RayTrainOperator(RayJobOperator):
     template_fields: Sequence[str] = (
         *RayJobOperator.template_fields,
         "train_uri", "validation_uri", "test_uri", "feature_columns", "label_column", "preprocessor_uri",
-        "data_fingerprint", "family", "config", "compute", "num_workers", "scale_out_min_rows",
+        "preprocessor_variants", "data_fingerprint", "family", "config", "compute", "num_workers", "scale_out_min_rows",
         "gpu_placement_timeout_s", "max_failures", "checkpoint_every", "data_loading", "seed",
         "placement_strategy",
     )
@@ -81,6 +86,7 @@ class RayTrainOperator(RayJobOperator):
         feature_columns: list[str] | str,
         label_column: str = "quality",
         preprocessor_uri: str | None = None,
+        preprocessor_variants: dict[str, str] | str | None = None,
         data_fingerprint: str = "",
         family: str | None = None,
         config: dict[str, Any] | str | None = None,
@@ -102,6 +108,7 @@ class RayTrainOperator(RayJobOperator):
         self.feature_columns = feature_columns
         self.label_column = label_column
         self.preprocessor_uri = preprocessor_uri
+        self.preprocessor_variants = preprocessor_variants
         self.data_fingerprint = data_fingerprint
         self.family = family
         self.config = config
@@ -124,6 +131,7 @@ class RayTrainOperator(RayJobOperator):
             "train_uri": self.train_uri, "validation_uri": self.validation_uri, "test_uri": self.test_uri,
             "feature_columns": _structured("feature_columns", self.feature_columns),
             "label_column": self.label_column, "preprocessor_uri": self.preprocessor_uri or None,
+            "preprocessor_variants": _structured("preprocessor_variants", self.preprocessor_variants or None) or None,
             "data_fingerprint": self.data_fingerprint or "", "config": config,
             "num_workers": None if self.num_workers in (None, "", "None") else int(self.num_workers),
             "scale_out_min_rows": int(self.scale_out_min_rows),

@@ -49,3 +49,42 @@ def load_split(uri: str, features: list[str], label: str = wine.LABEL) -> tuple[
 
     frame = pd.read_parquet(uri)
     return frame[features].to_numpy(np.float32), frame[label].to_numpy(np.float64)
+
+
+def write_preprocessed(directory: str | Path, rows: int = 3000, seed: int = 7, scaler: str = "standard",
+                       fractions=(0.7, 0.15)) -> dict:
+    """Splits as the preprocess stage writes them (its Preprocessor, its column names), plus every
+    scaler's variant; return the preprocess manifest's fields (``split_uris``, ``preprocessor_variants``...)."""
+    from rayml.preprocessor import Moments, Preprocessor
+    from rayml.specs import SCALERS
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    frame = wine.generate(rows=rows, seed=seed)
+    order = np.random.default_rng(seed).permutation(len(frame))
+    n_train, n_validation = int(fractions[0] * len(frame)), int(fractions[1] * len(frame))
+    parts = {"train": order[:n_train], "validation": order[n_train:n_train + n_validation],
+             "test": order[n_train + n_validation:]}
+    numeric = list(wine.FEATURES)
+    moments = Moments.of(frame.iloc[parts["train"]][numeric].to_numpy(dtype="float64"))
+    categories = {wine.TYPE_COLUMN: ["red", "white"]}
+    variants = {}
+    for name in SCALERS:
+        path = directory / "preprocessors" / f"{name}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(Preprocessor.fit(name, numeric, moments, categories, wine.LABEL).to_json())
+        variants[name] = str(path)
+    written = Preprocessor.fit(scaler, numeric, moments, categories, wine.LABEL)
+    preprocessor_uri = directory / "preprocessor.json"
+    preprocessor_uri.write_text(written.to_json())
+    split_uris = {}
+    for name, index in parts.items():
+        part = frame.iloc[index].reset_index(drop=True)
+        out = written.transform(part)
+        out[wine.LABEL] = part[wine.LABEL].astype("float64").to_numpy()
+        path = directory / f"{name}.parquet"
+        out.to_parquet(path, index=False)
+        split_uris[name] = str(path)
+    return {"split_uris": split_uris, "preprocessor_uri": str(preprocessor_uri), "preprocessor_variants": variants,
+            "feature_columns": written.output_columns, "label_column": wine.LABEL,
+            "fingerprint": f"wine-{rows}-{seed}", "rows": {k: len(v) for k, v in parts.items()}}

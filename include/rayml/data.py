@@ -38,7 +38,7 @@ import pandas as pd
 from rayml import artifacts
 from rayml.errors import DataSourceError
 from rayml.preprocessor import Moments, Preprocessor
-from rayml.specs import PreprocessResult, PreprocessSpec
+from rayml.specs import SCALERS, PreprocessResult, PreprocessSpec
 from rayml.stage import run_stage
 from rayml.tables import HTTP_TIMEOUT_S, PARQUET_SUFFIXES, _colour_from_name, detect_delimiter
 from rayml.wine import TYPE_COLUMN
@@ -857,6 +857,13 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     output.write_parquet(_ray_uri(splits_dir), partition_cols=[SPLIT_COLUMN])
     preprocessor_uri = artifacts.join(spec.artifact_dir, "preprocessor.json")
     artifacts.write_bytes_atomic(preprocessor_uri, preprocessor.to_json().encode("utf-8"))
+    # Every scaler fitted on the same training statistics (the moments hold all of them): a tuning
+    # trial or the train stage maps the written splits to another scaler exactly, without a refit.
+    variants = {}
+    for scaler in SCALERS:
+        variant = Preprocessor.fit(scaler, plan.numeric, train_moments, categories, plan.label)
+        variants[scaler] = artifacts.join(spec.artifact_dir, "preprocessors", f"{scaler}.json")
+        artifacts.write_bytes_atomic(variants[scaler], variant.to_json().encode("utf-8"))
     profile_uri = artifacts.join(spec.artifact_dir, "profile.json")
     artifacts.write_json_atomic(profile_uri, build_profile(total, plan, spec, layouts, fingerprint.get("fingerprint", "")))
     counts = {name: total["splits"][name]["rows"] for name in SPLITS}
@@ -871,6 +878,7 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         feature_columns=preprocessor.output_columns,
         label_column=plan.label,
         fingerprint=fingerprint.get("fingerprint", ""),
+        preprocessor_variants=variants,
     )
 
 

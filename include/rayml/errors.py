@@ -19,3 +19,7 @@ class ArtifactError(RayMLError, OSError):
 
 class ClusterError(RayMLError, RuntimeError):
     """A local Ray cluster could not be started, reached or stopped."""
+
+
+class TuneError(RayMLError, RuntimeError):
+    """A search ended without any trial that completed."""

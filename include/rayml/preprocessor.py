@@ -223,3 +223,30 @@ def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.
         chosen = np.asarray(values, dtype=object)[one_hot.argmax(axis=1)] if values else np.full(len(raw), None)
         raw[column] = np.where(one_hot.max(axis=1) > 0.5, chosen, None) if values else chosen
     return raw
+
+
+def feature_affine(written: Preprocessor, target: Preprocessor, feature_columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per feature column ``(multiply, add)`` that turns data scaled by ``written`` into ``target``'s scaling.
+
+    ``target.transform(raw) == written.transform(raw) * multiply + add`` for every numeric column
+    (both are affine in the raw value: undo one, apply the other); one-hot and other columns keep
+    ``multiply = 1, add = 0``. No refit: tuning trials and the train stage switch scalers with this.
+    """
+    if written.numeric_columns != target.numeric_columns:
+        raise SpecError(
+            f"preprocessor variants disagree on their numeric columns: {written.numeric_columns!r} vs "
+            f"{target.numeric_columns!r}; both must come from the same preprocess run"
+        )
+    missing = [column for column in written.numeric_columns if column not in feature_columns]
+    if missing:
+        raise SpecError(f"feature_columns {feature_columns!r} lack the preprocessor's numeric column(s) {missing}")
+    written_shift, written_scale = written._scale_arrays()
+    target_shift, target_scale = target._scale_arrays()
+    multiply = np.ones(len(feature_columns))
+    add = np.zeros(len(feature_columns))
+    for index, column in enumerate(written.numeric_columns):
+        position = feature_columns.index(column)
+        # raw = x * written_scale + written_shift;  new = (raw - target_shift) / target_scale
+        multiply[position] = written_scale[index] / target_scale[index]
+        add[position] = (written_shift[index] - target_shift[index]) / target_scale[index]
+    return multiply, add

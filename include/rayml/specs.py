@@ -322,8 +322,10 @@ class PreprocessResult(JsonDataclass):
     """What the ``data`` stage wrote: the manifest returned as the XCom.
 
     ``split_uris`` maps ``train``/``validation``/``test`` to Parquet directories (an empty split
-    has no directory and maps to None); ``preprocessor_uri`` is the fitted preprocessor's JSON,
-    ``profile_uri`` the data profile.
+    has no directory and maps to None); ``preprocessor_uri`` is the fitted preprocessor's JSON (the
+    scaling the splits were written with), ``preprocessor_variants`` maps every scaler
+    (``standard``, ``minmax``, ``none``) to a preprocessor fitted on the same training statistics,
+    so tuning and training can switch scalers without refitting; ``profile_uri`` the data profile.
     """
 
     split_uris: dict[str, str | None]
@@ -335,6 +337,17 @@ class PreprocessResult(JsonDataclass):
     feature_columns: list[str]
     label_column: str
     fingerprint: str
+    preprocessor_variants: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def require_variants(owner: str, variants: Any) -> None:
+    """``preprocessor_variants``: None or ``{scaler: non-empty URI}``."""
+    if variants is None:
+        return
+    if not isinstance(variants, dict) or any(
+        scaler not in SCALERS or not isinstance(uri, str) or not uri for scaler, uri in variants.items()
+    ):
+        raise SpecError(f"{owner}.preprocessor_variants must map scalers {list(SCALERS)} to URIs, got {variants!r}")
 
 
 FAMILIES = ("lightning", "xgboost")
@@ -364,8 +377,9 @@ XGBOOST_DEFAULTS: dict[str, Any] = {
 }
 """XGBoost booster parameters used where the config does not name them."""
 
-# Keys a config may carry besides hyperparameters: RayTune's best config has its own bookkeeping.
-_CONFIG_IGNORED = ("family", "seed", "trial_id", "score")
+# Keys a config may carry besides hyperparameters: RayTune's best config has its own bookkeeping,
+# and its ``scaler`` (which preprocessor variant the features use) is handled by the train stage.
+_CONFIG_IGNORED = ("family", "seed", "trial_id", "score", "scaler")
 
 
 def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -374,6 +388,8 @@ def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
         raise SpecError(f"TrainSpec.config must be a JSON object, got {config!r}")
     family = config.get("family", "lightning")
     require_choice("TrainSpec", "config['family']", family, FAMILIES)
+    if "scaler" in config:
+        require_choice("TrainSpec", "config['scaler']", config["scaler"], SCALERS)
     defaults = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
     unknown = sorted(set(config) - set(defaults) - set(_CONFIG_IGNORED))
     if unknown and family == "lightning":
@@ -418,7 +434,11 @@ class TrainSpec(StageSpec):
     :param test_uri: the held-out test split (the model card's test metrics).
     :param feature_columns: the numeric feature columns, in the order the model takes them.
     :param label_column: the regression target.
-    :param preprocessor_uri: a preprocessor JSON copied unchanged into the model directory, or None.
+    :param preprocessor_uri: the preprocessor the splits were written with (its JSON), copied
+        unchanged into the model directory, or None.
+    :param preprocessor_variants: ``{scaler: preprocessor JSON URI}`` from the preprocess manifest.
+        When ``config["scaler"]`` names another scaler than ``preprocessor_uri``'s, the features are
+        mapped to it exactly (affine, no refit) and that variant goes into the model directory.
     :param data_fingerprint: the upstream data's fingerprint, recorded in the model card.
     :param config: ``family`` (``lightning`` or ``xgboost``) and hyperparameters; a RayTune best
         config can be passed as is. Missing hyperparameters take the family's defaults.
@@ -449,6 +469,7 @@ class TrainSpec(StageSpec):
     feature_columns: list[str] = dataclasses.field(default_factory=list)
     label_column: str = "quality"
     preprocessor_uri: str | None = None
+    preprocessor_variants: dict[str, str] | None = None
     data_fingerprint: str = ""
     config: dict[str, Any] = dataclasses.field(default_factory=lambda: {"family": "lightning"})
     compute: dict[str, Any] = dataclasses.field(
@@ -476,9 +497,15 @@ class TrainSpec(StageSpec):
             raise SpecError(f"TrainSpec.label_column {self.label_column!r} is also listed in feature_columns")
         if self.preprocessor_uri is not None:
             require_non_empty("TrainSpec", "preprocessor_uri", self.preprocessor_uri)
+        require_variants("TrainSpec", self.preprocessor_variants)
         if not isinstance(self.data_fingerprint, str):
             raise SpecError(f"TrainSpec.data_fingerprint must be a string, got {self.data_fingerprint!r}")
         resolve_train_config(self.config)
+        if self.scaler is not None and self.preprocessor_uri is None:
+            raise SpecError(
+                f"TrainSpec.config asks for scaler {self.scaler!r} but no preprocessor_uri says how the splits "
+                "were scaled; pass the preprocess manifest's preprocessor_uri (and preprocessor_variants)"
+            )
         ComputeSpec.from_dict(self.compute)
         if self.num_workers is not None:
             require_int_range("TrainSpec", "num_workers", self.num_workers, 0)
@@ -495,6 +522,11 @@ class TrainSpec(StageSpec):
     @property
     def family(self) -> str:
         return self.config.get("family", "lightning")
+
+    @property
+    def scaler(self) -> str | None:
+        """The scaler the config asks for (RayTune's best config names one), or None: as written."""
+        return self.config.get("scaler")
 
     def resolved_config(self) -> dict[str, Any]:
         return resolve_train_config(self.config)
@@ -576,3 +608,170 @@ class ScoreResult(JsonDataclass):
     model_version: str
     input_uri: str
     predictions: dict[str, float]
+
+
+SEARCHERS = ("random", "optuna")
+TUNE_SCHEDULERS = ("asha", "none")
+TUNE_METRICS = {"val_rmse": "min", "val_mae": "min", "val_acc_0_5": "max", "val_acc_1_0": "max"}
+"""The metrics a search can optimise (on the validation split) and their direction."""
+
+
+def _require_seconds(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise SpecError(f"{owner}.{name} must be a number of seconds > 0{' or null' if allow_none else ''}, got {value!r}")
+
+
+@dataclasses.dataclass
+class TuneSpec(StageSpec):
+    """Spec of the ``tune`` stage: search model family x scaler x hyperparameters with Ray Tune.
+
+    :param train_uri: the preprocessed training split (Parquet file or directory).
+    :param validation_uri: the validation split: every trial is scored on it. The test split is
+        not an input: it is never used for choosing.
+    :param feature_columns: the feature columns, in the order the models take them.
+    :param label_column: the regression target.
+    :param preprocessor_uri: the preprocessor the splits were written with; None: the data is used
+        as written, and the search space may not ask for a scaler.
+    :param preprocessor_variants: ``{scaler: URI}`` from the preprocess manifest: the scalers a
+        trial may map the features to (exactly, without refitting).
+    :param data_fingerprint: the data's fingerprint, recorded in the leaderboard's outputs.
+    :param search_space: see :mod:`rayml.search_space`; None: ``DEFAULT_SEARCH_SPACE``.
+    :param metric: the validation metric to optimise: ``val_rmse`` (default), ``val_mae``,
+        ``val_acc_0_5`` or ``val_acc_1_0``; its direction follows.
+    :param searcher: ``random`` (Ray Tune's random/grid search) or ``optuna`` (Optuna's TPE).
+    :param scheduler: ``asha`` (early stopping of poor trials) or ``none`` (every trial runs to its end).
+    :param num_samples: trials to run (times the grid's size, where the space has grid domains).
+    :param max_concurrent_trials: trials at once; None: as many as the per-trial resources fit.
+    :param cpus_per_trial: CPUs each trial reserves; None: the compute spec's ``cpus_per_worker``.
+    :param compute: the GPU probe's compute spec; a GPU spec gives each trial ``gpus_per_worker``.
+    :param time_budget_s: stop starting and running trials after this long; None: no limit.
+    :param reports_per_trial: how many times a trial reports over its full budget (epochs or
+        rounds); ASHA's rungs count these reports, so both families are cut at the same share.
+    :param asha_grace_period: reports a trial always gets before ASHA may stop it.
+    :param asha_reduction_factor: ASHA keeps the best 1/N at each rung.
+    :param seed: seeds the searcher and every trial's training (the train stage's default, 42, so
+        RayTrain given the best config trains the same model).
+    :param reuse_actors: run the next trial in a finished (or stopped) trial's actor (Ray Tune's
+        ``reuse_actors``) instead of starting a new one, which saves the actor's start-up and its
+        torch/xgboost imports per trial; each trial still trains in a trial actor, seeded afresh.
+        False: a new actor per trial.
+    """
+
+    stage: ClassVar[str] = "tune"
+    train_uri: str = ""
+    validation_uri: str = ""
+    feature_columns: list[str] = dataclasses.field(default_factory=list)
+    label_column: str = "quality"
+    preprocessor_uri: str | None = None
+    preprocessor_variants: dict[str, str] | None = None
+    data_fingerprint: str = ""
+    search_space: dict[str, Any] | None = None
+    metric: str = "val_rmse"
+    searcher: str = "random"
+    scheduler: str = "asha"
+    num_samples: int = 16
+    max_concurrent_trials: int | None = None
+    cpus_per_trial: float | None = None
+    compute: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: ComputeSpec.cpu("default: no compute spec given").to_dict()
+    )
+    time_budget_s: float | None = None
+    reports_per_trial: int = 10
+    asha_grace_period: int = 1
+    asha_reduction_factor: int = 3
+    seed: int = 42
+    reuse_actors: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = "TuneSpec"
+        if not isinstance(self.reuse_actors, bool):
+            raise SpecError(f"{owner}.reuse_actors must be true or false, got {self.reuse_actors!r}")
+        for name in ("train_uri", "validation_uri", "label_column"):
+            require_non_empty(owner, name, getattr(self, name))
+        if not isinstance(self.feature_columns, list) or not self.feature_columns or any(
+            not isinstance(column, str) or not column for column in self.feature_columns
+        ):
+            raise SpecError(f"{owner}.feature_columns must be a non-empty list of column names, got {self.feature_columns!r}")
+        if self.label_column in self.feature_columns:
+            raise SpecError(f"{owner}.label_column {self.label_column!r} is also listed in feature_columns")
+        if self.preprocessor_uri is not None:
+            require_non_empty(owner, "preprocessor_uri", self.preprocessor_uri)
+        require_variants(owner, self.preprocessor_variants)
+        if not isinstance(self.data_fingerprint, str):
+            raise SpecError(f"{owner}.data_fingerprint must be a string, got {self.data_fingerprint!r}")
+        require_choice(owner, "metric", self.metric, tuple(TUNE_METRICS))
+        require_choice(owner, "searcher", self.searcher, SEARCHERS)
+        require_choice(owner, "scheduler", self.scheduler, TUNE_SCHEDULERS)
+        require_int_range(owner, "num_samples", self.num_samples, 1)
+        if self.max_concurrent_trials is not None:
+            require_int_range(owner, "max_concurrent_trials", self.max_concurrent_trials, 1)
+        if self.cpus_per_trial is not None and (
+            isinstance(self.cpus_per_trial, bool) or not isinstance(self.cpus_per_trial, (int, float))
+            or self.cpus_per_trial <= 0
+        ):
+            raise SpecError(f"{owner}.cpus_per_trial must be a number > 0 or null, got {self.cpus_per_trial!r}")
+        ComputeSpec.from_dict(self.compute)
+        _require_seconds(owner, "time_budget_s", self.time_budget_s, allow_none=True)
+        require_int_range(owner, "reports_per_trial", self.reports_per_trial, 1)
+        require_int_range(owner, "asha_grace_period", self.asha_grace_period, 1)
+        require_int_range(owner, "asha_reduction_factor", self.asha_reduction_factor, 2)
+        require_int_range(owner, "seed", self.seed, 0)
+        space = self.space()
+        if self.searcher == "optuna" and space.has_grid:
+            raise SpecError(f"{owner}: searcher 'optuna' cannot search grid domains; use choice, or searcher 'random'")
+        asked = [scaler for scaler in space.scalers if scaler is not None]
+        if asked and self.preprocessor_uri is None:
+            raise SpecError(
+                f"{owner}.search_space asks for scaler(s) {asked} but no preprocessor_uri says how the splits "
+                "were scaled; pass the preprocess manifest's preprocessor_uri and preprocessor_variants"
+            )
+
+    @property
+    def mode(self) -> str:
+        return TUNE_METRICS[self.metric]
+
+    def space(self):
+        from rayml.search_space import DEFAULT_SEARCH_SPACE, SearchSpace
+
+        return SearchSpace(DEFAULT_SEARCH_SPACE if self.search_space is None else self.search_space)
+
+
+@dataclasses.dataclass
+class TuneResult(JsonDataclass):
+    """What the ``tune`` stage returns (its manifest and the XCom).
+
+    :param best_config: ``family``, ``scaler`` and the family's hyperparameters of the best
+        completed trial: pass it as is to RayTrainOperator's ``config``.
+    :param best_trial_id: that trial's id (the leaderboard's rank 1).
+    :param metric: the validation metric optimised; ``mode`` its direction.
+    :param best_metric: the best trial's value of ``metric`` (its final model, on validation).
+    :param best_metrics: all validation metrics of the best trial.
+    :param best_checkpoint_uri: the best trial's model directory (loadable with ``load_model``).
+    :param leaderboard_json_uri: every trial, best first (see the README for the row format).
+    :param leaderboard_csv_uri: the same rows, flattened.
+    :param plot_uri: PNG: the metric of every trial over time, with the best-so-far line.
+    :param trials: counts: ``total``, ``completed``, ``failed``, ``early_stopped``.
+    :param searcher: ``random`` or ``optuna``; ``scheduler``: ``asha`` or ``none``.
+    :param time_s: the search's wall time.
+    """
+
+    best_config: dict[str, Any]
+    best_trial_id: str
+    metric: str
+    mode: str
+    best_metric: float
+    best_metrics: dict[str, float]
+    best_checkpoint_uri: str | None
+    leaderboard_json_uri: str
+    leaderboard_csv_uri: str
+    plot_uri: str
+    trials: dict[str, int]
+    searcher: str
+    scheduler: str
+    time_s: float
+    search_space: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resources_per_trial: dict[str, float] = dataclasses.field(default_factory=dict)
+    data_fingerprint: str = ""

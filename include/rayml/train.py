@@ -34,9 +34,10 @@ import numpy as np
 
 from rayml import artifacts
 from rayml.constants import JOB_ENV_VARS
-from rayml.errors import DataSourceError
+from rayml.errors import DataSourceError, SpecError
 from rayml.metrics import regression_metrics
 from rayml.models import MODEL_CARD, PREPROCESSOR, TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL
+from rayml.preprocessor import Preprocessor, feature_affine
 from rayml.specs import ComputeSpec, TrainResult, TrainSpec
 from rayml.stage import run_stage
 
@@ -88,20 +89,72 @@ def shard_arrays(shard, features: list[str], label: str) -> tuple[np.ndarray, np
 
 
 def split_arrays(cfg: dict[str, Any], split: str, rank: int = 0, world_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """A split as arrays: from the Ray Dataset shard, or read directly (small data) and sliced by rank."""
+    """A split as arrays: from the Ray Dataset shard, or read directly (small data) and sliced by rank.
+
+    With ``cfg["feature_affine"]`` (``[multiply, add]`` per feature, see
+    :func:`rayml.preprocessor.feature_affine`) the features are mapped to another scaler's scaling.
+    """
     features, label = cfg["feature_columns"], cfg["label_column"]
     if cfg["data_loading"] == "ray_data":
         import ray.data
         import ray.train
 
         ray.data.DataContext.get_current().enable_progress_bars = False
-        return shard_arrays(ray.train.get_dataset_shard(split), features, label)
+        x, y = shard_arrays(ray.train.get_dataset_shard(split), features, label)
+        return _map_features(cfg, x), y
     table = _parquet_dataset(cfg["uris"][split], [*features, label]).to_table(columns=[*features, label])
     x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in features])
     y = table.column(label).to_numpy(zero_copy_only=False).astype(np.float32)
+    x = _map_features(cfg, x)
     if split == "train" and world_size > 1:
         return x[rank::world_size], y[rank::world_size]
     return x, y
+
+
+def _map_features(cfg: dict[str, Any], x: np.ndarray) -> np.ndarray:
+    affine = cfg.get("feature_affine")
+    if not affine:
+        return x
+    multiply, add = (np.asarray(part, dtype=np.float64) for part in affine)
+    return (x.astype(np.float64) * multiply + add).astype(np.float32)
+
+
+class _Session:
+    """Where a training loop runs: a Ray Train worker, or a Ray Tune trial (``cfg["session"] == "tune"``).
+
+    The loops below serve both the train stage and the tune stage's trials, so these are the only
+    places they differ: rank and world size, the checkpoint to resume from, and how they report.
+    """
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.tune = cfg.get("session") == "tune"
+        if self.tune:
+            self.rank, self.world_size = 0, 1
+        else:
+            import ray.train
+
+            context = ray.train.get_context()
+            self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+
+    def get_checkpoint(self):
+        if self.tune:
+            return None  # a trial always starts fresh: a failed trial is recorded, not retried
+        import ray.train
+
+        return ray.train.get_checkpoint()
+
+    def evaluation_splits(self) -> tuple[str, ...]:
+        # A trial never looks at the test split: choosing must not see it.
+        return ("validation",) if self.tune else ("validation", "test")
+
+
+def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarray) -> None:
+    """Report a trial's validation metrics now (``val_rmse``, ``val_mae``, ``val_acc_*``) to Ray Tune."""
+    from ray import tune
+
+    metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
+    # Tune's own "timestamp" has whole seconds: too coarse to plot short trials over time.
+    tune.report({**metrics, **step, "reported_at": time.time()})
 
 
 def _write_final(cfg: dict[str, Any], final: dict[str, Any]) -> None:
@@ -154,14 +207,13 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
 
     from rayml.models.mlp import lightning_module, model_config
 
-    context = ray.train.get_context()
-    rank = context.get_world_rank()
+    session = _Session(cfg)
+    rank, world_size = session.rank, session.world_size
     _announce_worker(cfg, rank)
     config, features, label, seed = cfg["config"], cfg["feature_columns"], cfg["label_column"], cfg["seed"]
     pl.seed_everything(seed, workers=True, verbose=False)
     torch.set_num_threads(cfg["threads"])
 
-    world_size = context.get_world_size()
     train_x, train_y = split_arrays(cfg, "train", rank, world_size)
     val_x, val_y = split_arrays(cfg, "validation")
     train_loader = DataLoader(
@@ -180,7 +232,20 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
             if (trainer.current_epoch + 1) % every == 0:
                 super().on_train_epoch_end(trainer, pl_module)
 
-    callbacks = [ReportEveryCallback()]
+    class TuneReportEveryCallback(pl.Callback):
+        """In a Tune trial: the validation metrics every ``every`` epochs (ASHA decides on these)."""
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            if (trainer.current_epoch + 1) % every:
+                return
+            was_training = pl_module.training
+            pl_module.eval()
+            with torch.inference_mode():
+                predicted = pl_module.model(torch.from_numpy(val_x).to(pl_module.device)).cpu().numpy()
+            pl_module.train(was_training)
+            tune_report({"epoch": trainer.current_epoch + 1}, val_y, predicted)
+
+    callbacks = [TuneReportEveryCallback() if session.tune else ReportEveryCallback()]
     if config["patience"]:
         callbacks.append(EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
     local_mode = cfg["local_mode"]
@@ -202,7 +267,7 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
         trainer = prepare_trainer(trainer)
 
     resumed_from_epoch = None
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = session.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as directory:
             path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
@@ -218,9 +283,11 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
              "best_val_loss": float(trainer.callback_metrics.get("val_loss", float("nan")))}
     if rank == 0:
         net = module.model.to("cpu").eval()
-        test_x, test_y = split_arrays(cfg, "test")
+        evaluated = {"validation": (val_x, val_y)}
+        if "test" in session.evaluation_splits():
+            evaluated["test"] = split_arrays(cfg, "test")
         with torch.inference_mode():
-            for split, (x, y) in {"validation": (val_x, val_y), "test": (test_x, test_y)}.items():
+            for split, (x, y) in evaluated.items():
                 _write_evaluation(cfg, split, y, net(torch.from_numpy(x)).numpy())
         buffer = io.BytesIO()
         torch.save({name: tensor.detach().cpu().clone() for name, tensor in net.state_dict().items()}, buffer)
@@ -241,12 +308,11 @@ def xgboost_train_loop(cfg: dict[str, Any]) -> None:
     import xgboost
     from ray.train import Checkpoint
 
-    context = ray.train.get_context()
-    rank = context.get_world_rank()
+    session = _Session(cfg)
+    rank, world_size = session.rank, session.world_size
     _announce_worker(cfg, rank)
     config, features, label = cfg["config"], cfg["feature_columns"], cfg["label_column"]
 
-    world_size = context.get_world_size()
     train_x, train_y = split_arrays(cfg, "train", rank, world_size)
     val_x, val_y = split_arrays(cfg, "validation")
     dtrain = xgboost.DMatrix(train_x, label=train_y, feature_names=features)
@@ -265,7 +331,9 @@ def xgboost_train_loop(cfg: dict[str, Any]) -> None:
 
         def after_iteration(self, model, epoch, evals_log):
             rounds = model.num_boosted_rounds()
-            if rounds % every == 0:
+            if rounds % every == 0 and session.tune:
+                tune_report({"round": rounds}, val_y, model.predict(dvalidation))
+            elif rounds % every == 0:
                 metrics = {"round": rounds, "validation_rmse": float(evals_log["validation"]["rmse"][-1])}
                 with tempfile.TemporaryDirectory() as directory:
                     checkpoint = None
@@ -276,7 +344,7 @@ def xgboost_train_loop(cfg: dict[str, Any]) -> None:
             return False
 
     start_booster, resumed_from_round = None, None
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = session.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as directory:
             start_booster = xgboost.Booster()
@@ -298,9 +366,11 @@ def xgboost_train_loop(cfg: dict[str, Any]) -> None:
              "resumed_from_round": resumed_from_round, "device": params["device"]}
     # Every rank builds the evaluation DMatrix: with several workers, DMatrix construction is a
     # collective operation, and rank 0 alone would wait for the others.
-    test_x, test_y = split_arrays(cfg, "test")
+    evaluated = {"validation": (val_x, val_y)}
+    if "test" in session.evaluation_splits():
+        evaluated["test"] = split_arrays(cfg, "test")
     predictions = {split: (y, booster.predict(xgboost.DMatrix(x, feature_names=features)))
-                   for split, (x, y) in {"validation": (val_x, val_y), "test": (test_x, test_y)}.items()}
+                   for split, (x, y) in evaluated.items()}
     if rank == 0:
         for split, (y, predicted) in predictions.items():
             _write_evaluation(cfg, split, y, predicted)
@@ -339,6 +409,32 @@ def gpu_placement_available(num_workers: int, cpus: float, gpus: float, timeout_
         return bool(group.wait(timeout_seconds=timeout_s))
     finally:
         remove_placement_group(group)
+
+
+def scaler_plan(preprocessor_uri: str | None, variants: dict[str, str] | None, scaler: str | None,
+                feature_columns: list[str]) -> tuple[list[list[float]] | None, str | None]:
+    """How to give a model features scaled by ``scaler``: ``(feature_affine or None, preprocessor URI)``.
+
+    The splits are written with ``preprocessor_uri``'s scaler. Asking for that one (or for none)
+    changes nothing; asking for another maps the features with the preprocess manifest's variant
+    of it (fitted on the same training statistics), and that variant is the model's preprocessor.
+    """
+    if scaler is None:
+        return None, preprocessor_uri
+    if preprocessor_uri is None:
+        raise SpecError(f"scaler {scaler!r} asked for, but no preprocessor_uri says how the splits were scaled")
+    written = Preprocessor.load(preprocessor_uri)
+    if scaler == written.scaler:
+        return None, preprocessor_uri
+    uri = (variants or {}).get(scaler)
+    if uri is None:
+        raise SpecError(
+            f"the config asks for scaler {scaler!r}, but the splits were written with {written.scaler!r} and the "
+            f"preprocess manifest lists no {scaler!r} variant (preprocessor_variants: {sorted(variants or {})}); "
+            f"rerun the preprocess stage (it writes every scaler's variant) or ask for scaler {written.scaler!r}"
+        )
+    multiply, add = feature_affine(written, Preprocessor.load(uri), list(feature_columns))
+    return [multiply.tolist(), add.tolist()], uri
 
 
 def _framework_versions(family: str) -> dict[str, str]:
@@ -403,6 +499,10 @@ def run_training(spec: TrainSpec) -> TrainResult:
         _parquet_dataset(uri, columns)
     num_workers, sizing_reason = plan_workers(spec, compute, train_rows)
     log.info("right-sizing: %s", sizing_reason)
+    affine, preprocessor_uri = scaler_plan(spec.preprocessor_uri, spec.preprocessor_variants, spec.scaler,
+                                           spec.feature_columns)
+    if affine:
+        log.info("scaler %r: features mapped from the written splits with the variant %s", spec.scaler, preprocessor_uri)
 
     # The operator's job sets Train's report interval (JOB_ENV_VARS); run any other way, set it here
     # so that every report does not wait ~2 s for the controller's poll.
@@ -432,7 +532,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
         "label_mean": label_mean, "seed": spec.seed, "use_gpu": use_gpu, "local_mode": local_mode,
         "threads": max(1, int(cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
-        "artifact_dir": spec.artifact_dir, "model_dir": model_dir,
+        "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "feature_affine": affine,
     }
     uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
     data_loading = spec.data_loading
@@ -502,15 +602,17 @@ def run_training(spec: TrainSpec) -> TrainResult:
         "stage_s": round(time.monotonic() - started, 3),
     }
     model_version = f"{family}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    if spec.preprocessor_uri:
-        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), artifacts.read_bytes(spec.preprocessor_uri))
+    if preprocessor_uri:
+        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), artifacts.read_bytes(preprocessor_uri))
+    if spec.scaler:
+        config = {**config, "scaler": spec.scaler}  # recorded; the booster never saw it
     card = {
         "family": family, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
         "metrics": metrics, "baseline": baseline, "config": config, "data_fingerprint": spec.data_fingerprint,
         "framework_versions": _framework_versions(family), "compute": compute_used,
         "trained_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model_version": model_version,
         "seed": spec.seed, "training": training,
-        "preprocessor": PREPROCESSOR if spec.preprocessor_uri else None,
+        "preprocessor": PREPROCESSOR if preprocessor_uri else None,
     }
     artifacts.write_json_atomic(artifacts.join(model_dir, MODEL_CARD), card)
     log.info("trained %s %s: test rmse %.4f (baseline %.4f), validation rmse %.4f; %s",

@@ -19,7 +19,7 @@ import pytest
 from rayml import wine
 from rayml.data import assign_splits
 from rayml.errors import SpecError
-from rayml.preprocessor import Moments, Preprocessor
+from rayml.preprocessor import Moments, Preprocessor, feature_affine
 from rayml.specs import PreprocessSpec
 from tests.conftest import ROOT
 
@@ -343,3 +343,21 @@ def test_preprocess_operator_in_dag_test_returns_manifest_as_xcom(airflow_db, ra
     assert "type=red" in manifest["feature_columns"]
     assert Preprocessor.load(manifest["preprocessor_uri"]).scaler == "standard"
     assert len(pd.read_parquet(manifest["split_uris"]["train"])) == manifest["rows"]["train"]
+
+
+@pytest.mark.integration
+def test_data_stage_writes_every_scaler_variant_that_maps_the_written_split_exactly(runs, frame):
+    result = _result(runs, "uci")
+    variants = {name: Preprocessor.load(uri) for name, uri in result["preprocessor_variants"].items()}
+    assert sorted(variants) == ["minmax", "none", "standard"]
+    assert variants["standard"].to_dict() == Preprocessor.load(result["preprocessor_uri"]).to_dict()
+    train = _train_rows(frame)
+    assert variants["minmax"].statistics["alcohol"] == {"min": train["alcohol"].min(), "max": train["alcohol"].max()}
+    # The tuning trials' path: the written (standard) split mapped to minmax, no refit.
+    written = _split(result, "train")
+    multiply, add = feature_affine(variants["standard"], variants["minmax"], result["feature_columns"])
+    mapped = written[result["feature_columns"]].to_numpy() * multiply + add
+    expected = variants["minmax"].transform(train).assign(quality=train["quality"].to_numpy()).round(9)
+    expected = expected.sort_values(list(written.columns)).reset_index(drop=True)
+    np.testing.assert_allclose(np.sort(mapped, axis=0), np.sort(expected[result["feature_columns"]].to_numpy(), axis=0),
+                               atol=1e-8)

@@ -48,6 +48,9 @@ def test_train_spec_tune_best_config_is_taken_as_is_with_defaults_filled():
         ({"num_workers": -1}, "num_workers must be an integer >= 0, got -1"),
         ({"gpu_placement_timeout_s": -2}, "gpu_placement_timeout_s.*got -2"),
         ({"data_loading": "stream"}, "data_loading must be one of.*got 'stream'"),
+        ({"config": {"family": "xgboost", "scaler": "robust"}}, "config\\['scaler'\\] must be one of.*got 'robust'"),
+        ({"config": {"family": "xgboost", "scaler": "minmax"}}, "asks for scaler 'minmax' but no preprocessor_uri"),
+        ({"preprocessor_variants": {"minmax": ""}}, "preprocessor_variants must map scalers"),
     ],
 )
 def test_train_spec_bad_value_raises_quoting_it(fields, message):

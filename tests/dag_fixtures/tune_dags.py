@@ -1,0 +1,44 @@
+"""DAGs for the RayTuneOperator tests: the preprocess manifest and the search space come from the run conf."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from operators.ray_train import RayTrainOperator
+from operators.ray_tune import RayTuneOperator
+
+START = datetime(2026, 1, 1)
+# Small on purpose (2 CPUs shared with other tests): 4 trials, half a CPU each, two at a time.
+SMALL = {"num_samples": 4, "cpus_per_trial": 0.5, "max_concurrent_trials": 2, "reports_per_trial": 2}
+
+
+def _tune(**kwargs) -> RayTuneOperator:
+    return RayTuneOperator(task_id="tune", preprocess="{{ dag_run.conf['preprocess'] }}",
+                           search_space="{{ dag_run.conf['search_space'] }}", poll_interval_s=0.3, **SMALL, **kwargs)
+
+
+# Tune, then train the best config as RayTrain would in the pipeline: config is the XCom as is.
+with DAG(dag_id="tune_then_train", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True) as tune_then_train:
+    _tune() >> RayTrainOperator(
+        task_id="train", poll_interval_s=0.3,
+        train_uri="{{ dag_run.conf['preprocess']['split_uris']['train'] }}",
+        validation_uri="{{ dag_run.conf['preprocess']['split_uris']['validation'] }}",
+        test_uri="{{ dag_run.conf['preprocess']['split_uris']['test'] }}",
+        feature_columns="{{ dag_run.conf['preprocess']['feature_columns'] }}",
+        preprocessor_uri="{{ dag_run.conf['preprocess']['preprocessor_uri'] }}",
+        preprocessor_variants="{{ dag_run.conf['preprocess']['preprocessor_variants'] }}",
+        config="{{ ti.xcom_pull('tune')['best_config'] }}",
+    )
+
+# Tune alone (a search whose trials all fail ends here).
+with DAG(dag_id="tune_only", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True) as tune_only:
+    _tune(retries=0)
+
+# Optuna's TPE instead of random search, every trial to its end.
+with DAG(dag_id="tune_optuna", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True) as tune_optuna:
+    _tune(searcher="optuna", scheduler="none")

@@ -1,0 +1,156 @@
+"""The tune stage's Ray-free parts: the search space, scaler maps, the leaderboard and its plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pytest
+
+from rayml import wine
+from rayml.errors import SpecError
+from rayml.preprocessor import Moments, Preprocessor, feature_affine
+from rayml.search_space import DEFAULT_SEARCH_SPACE, SearchSpace
+from rayml.specs import TuneSpec, resolve_train_config
+from rayml.train import scaler_plan
+from rayml.tune import leaderboard_csv, plot_leaderboard, sort_rows
+
+DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train", "validation_uri": "/d/validation",
+        "feature_columns": ["x1", "x2"], "preprocessor_uri": "/d/p.json"}
+
+
+def test_default_space_spans_both_families_and_scalers_and_every_bound_trains():
+    space = SearchSpace(DEFAULT_SEARCH_SPACE)
+    assert space.families == ["lightning", "xgboost"] and space.scalers == ["standard", "minmax"]
+    assert TuneSpec(**DATA).space().raw == DEFAULT_SEARCH_SPACE  # None means the default
+    assert space.max_budget("xgboost") == DEFAULT_SEARCH_SPACE["xgboost"]["num_boost_round"]
+
+
+def test_space_to_ray_samples_configs_that_decode_to_one_familys_hyperparameters():
+    from ray.tune.search.variant_generator import generate_variants
+
+    space = SearchSpace(DEFAULT_SEARCH_SPACE)
+    np.random.seed(3)
+    seen = set()
+    for _ in range(12):
+        _, sampled = next(generate_variants(space.to_ray()))
+        config = space.decode(sampled)
+        seen.add(config["family"])
+        other = "xgboost" if config["family"] == "lightning" else "lightning"
+        assert not set(DEFAULT_SEARCH_SPACE[other]) - set(DEFAULT_SEARCH_SPACE[config["family"]]) & set(config)
+        if config["family"] == "lightning":
+            assert config["hidden_sizes"] in DEFAULT_SEARCH_SPACE["lightning"]["hidden_sizes"]["choice"]
+            assert 1e-3 <= config["lr"] <= 3e-2
+        else:
+            assert 3 <= config["max_depth"] < 11 and isinstance(config["max_depth"], int)
+        resolve_train_config(config)  # RayTrain accepts it, scaler and all
+    assert seen == {"lightning", "xgboost"}
+
+
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ({"family": "sklearn"}, "search_space\\['family'\\] must be one of.*got 'sklearn'"),
+        ({"scaler": {"choice": ["standard", "robust"]}}, "search_space\\['scaler'\\].*robust"),
+        ({"lightning": {"hiden_sizes": [8]}}, "unknown hyperparameter.*hiden_sizes"),
+        ({"lightning": {"lr": {"loguniform": [0, 1]}}}, "loguniform needs low > 0, got \\[0, 1\\]"),
+        ({"lightning": {"lr": {"uniform": [0.1, 0.01]}}}, "low < high, got \\[0.1, 0.01\\]"),
+        ({"lightning": {"max_epochs": {"randint": [1.5, 4]}}}, "randint needs integer bounds"),
+        ({"lightning": {"dropout": {"choice": []}}}, "choice needs a non-empty list"),
+        ({"lightning": {"dropout": {"choice": [0.1], "grid": [0.2]}}}, "exactly one of"),
+        ({"lightning": {"dropout": {"uniform": [0.5, 1.5]}}}, "allows 1.5, which training rejects"),
+        ({"xgboost": {"eta": 0.1}}, "block\\(s\\) \\['xgboost'\\] but 'family' only allows \\['lightning'\\]"),
+        ({"catboost": {}}, "unknown key\\(s\\) \\['catboost'\\]"),
+    ],
+)
+def test_bad_search_space_raises_quoting_the_value(space, message):
+    with pytest.raises(SpecError, match=message):
+        TuneSpec(**{**DATA, "search_space": space})
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"searcher": "optuna", "search_space": {"lightning": {"lr": {"grid": [0.01, 0.02]}}}}, "cannot search grid"),
+        ({"preprocessor_uri": None}, "asks for scaler\\(s\\) \\['standard', 'minmax'\\] but no preprocessor_uri"),
+        ({"searcher": "bayes"}, "searcher must be one of.*got 'bayes'"),
+        ({"scheduler": "pbt"}, "scheduler must be one of.*got 'pbt'"),
+        ({"metric": "test_rmse"}, "metric must be one of.*got 'test_rmse'"),
+        ({"num_samples": 0}, "num_samples must be an integer >= 1, got 0"),
+        ({"cpus_per_trial": 0}, "cpus_per_trial must be a number > 0 or null, got 0"),
+        ({"time_budget_s": -1}, "time_budget_s must be a number of seconds > 0 or null, got -1"),
+        ({"preprocessor_variants": {"robust": "/x"}}, "preprocessor_variants must map scalers"),
+    ],
+)
+def test_tune_spec_bad_value_raises_quoting_it(fields, message):
+    with pytest.raises(SpecError, match=message):
+        TuneSpec(**{**DATA, **fields})
+
+
+def test_tune_spec_round_trips_and_takes_its_mode_from_the_metric():
+    spec = TuneSpec(**{**DATA, "metric": "val_acc_0_5", "searcher": "optuna"})
+    assert TuneSpec.from_json(spec.to_json()) == spec and spec.mode == "max"
+    assert TuneSpec(**DATA).mode == "min"
+
+
+@pytest.fixture
+def fitted(tmp_path):
+    frame = wine.generate(rows=500, seed=5)
+    numeric = list(wine.FEATURES)
+    moments = Moments.of(frame[numeric].to_numpy(dtype="float64"))
+    make = {name: Preprocessor.fit(name, numeric, moments, {"type": ["red", "white"]}, "quality")
+            for name in ("standard", "minmax", "none")}
+    paths = {}
+    for name, preprocessor in make.items():
+        paths[name] = str(tmp_path / f"{name}.json")
+        (tmp_path / f"{name}.json").write_text(preprocessor.to_json())
+    return frame, make, paths
+
+
+@pytest.mark.parametrize("target", ["minmax", "none", "standard"])
+def test_feature_affine_maps_written_splits_to_another_scaler_exactly(fitted, target):
+    frame, make, _ = fitted
+    written = make["standard"].transform(frame)
+    columns = list(written.columns)
+    multiply, add = feature_affine(make["standard"], make[target], columns)
+    mapped = written.to_numpy() * multiply + add
+    np.testing.assert_allclose(mapped, make[target].transform(frame).to_numpy(), rtol=1e-10, atol=1e-10)
+    assert np.all(multiply[-2:] == 1) and np.all(add[-2:] == 0)  # one-hot columns untouched
+
+
+def test_scaler_plan_without_the_variant_says_how_to_fix_it(fitted):
+    _, make, paths = fitted
+    columns = make["standard"].output_columns
+    assert scaler_plan(paths["standard"], None, "standard", columns) == (None, paths["standard"])
+    assert scaler_plan(paths["standard"], None, None, columns) == (None, paths["standard"])
+    affine, uri = scaler_plan(paths["standard"], paths, "minmax", columns)
+    assert uri == paths["minmax"] and len(affine[0]) == len(columns)
+    with pytest.raises(SpecError, match="asks for scaler 'minmax'.*written with 'standard'.*rerun the preprocess"):
+        scaler_plan(paths["standard"], {"standard": paths["standard"]}, "minmax", columns)
+
+
+def _row(trial_id, status, rmse=None, family="xgboost", error=None, end_s=None):
+    metrics = None if rmse is None else {"val_rmse": rmse, "val_mae": rmse / 2, "val_acc_0_5": 0.5, "val_acc_1_0": 0.8}
+    config = {"family": family, "scaler": "standard", **({"eta": 0.1} if family == "xgboost" else {"lr": 0.01})}
+    return {"rank": 0, "trial_id": trial_id, "family": family, "scaler": "standard", "config": config,
+            "metrics": metrics, "status": status, "iterations": 2, "time_s": 1.5, "error": error, "end_s": end_s}
+
+
+def test_leaderboard_sorts_completed_then_early_stopped_then_failed():
+    rows = [_row("a", "FAILED", error="XGBoostError: bad"), _row("b", "EARLY_STOPPED", 0.60),
+            _row("c", "COMPLETED", 0.70, end_s=3.0), _row("d", "COMPLETED", 0.65, family="lightning", end_s=5.0),
+            _row("e", "EARLY_STOPPED", None, error="stopped before its first report")]
+    ranked = sort_rows(rows, "val_rmse", "min")
+    assert [row["trial_id"] for row in ranked] == ["d", "c", "b", "e", "a"]
+    assert [row["rank"] for row in ranked] == [1, 2, 3, 4, 5]
+    assert [row["trial_id"] for row in sort_rows(rows, "val_rmse", "max")][:2] == ["c", "d"]
+
+    table = list(csv.DictReader(io.StringIO(leaderboard_csv(ranked))))
+    assert [row["trial_id"] for row in table] == ["d", "c", "b", "e", "a"]
+    assert table[0]["config.lr"] == "0.01" and table[0]["config.eta"] == "" and table[1]["config.eta"] == "0.1"
+    assert float(table[0]["val_rmse"]) == 0.65 and table[4]["error"] == "XGBoostError: bad"
+
+    png = plot_leaderboard(ranked, {"c": [(1.0, 0.8), (3.0, 0.7)], "d": [(2.0, 0.9), (5.0, 0.65)], "b": [(2.5, 0.6)]},
+                           "val_rmse", "min", "test")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000

@@ -1,0 +1,173 @@
+"""RayTuneOperator end to end: dag.test() runs the tune stage (and RayTrain on its best config) on a real cluster."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from operators.errors import RayOperatorError
+from operators.ray_tune import RayTuneOperator
+from rayml import artifacts
+from rayml.models import load_model
+from tests.conftest import load_dag
+from tests.operators.test_ray_job import _xcom
+from tests.train_data import load_split, write_preprocessed
+
+LOGICAL_DATE = datetime(2026, 5, 1, tzinfo=timezone.utc)
+# Both families, both scalers, tiny budgets: 2 epochs / 20 rounds.
+SMALL_SPACE = {
+    "family": {"choice": ["lightning", "xgboost"]},
+    "scaler": {"choice": ["standard", "minmax"]},
+    "lightning": {"hidden_sizes": {"choice": [[16], [32, 16]]}, "lr": {"loguniform": [1e-3, 1e-2]}, "max_epochs": 2},
+    "xgboost": {"max_depth": {"randint": [2, 6]}, "eta": {"uniform": [0.1, 0.3]}, "num_boost_round": 20},
+}
+# Every trial fails inside XGBoost (an unknown tree method passes validation: XGBoost has many keys).
+FAILING_SPACE = {"family": "xgboost", "xgboost": {"num_boost_round": 5, "tree_method": "no_such_method"}}
+
+
+@pytest.fixture(scope="module")
+def preprocess(tmp_path_factory) -> dict:
+    """A preprocess manifest's fields for 3,000 generated wine rows, written with the standard scaler."""
+    return write_preprocessed(tmp_path_factory.mktemp("tune-data"), rows=3000, seed=11)
+
+
+def _run(dag_id: str, preprocess: dict, space: dict, day: int = 0):
+    when = LOGICAL_DATE.replace(day=1 + day)
+    return load_dag(dag_id).test(logical_date=when, run_after=when,
+                                 run_conf={"preprocess": preprocess, "search_space": space})
+
+
+@pytest.mark.integration
+def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airflow_db, ray_conn, preprocess):
+    dag_run = _run("tune_then_train", preprocess, SMALL_SPACE)
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "tune")
+    assert manifest["metric"] == "val_rmse" and manifest["mode"] == "min"
+    assert manifest["searcher"] == "random" and manifest["scheduler"] == "asha"
+    trials = manifest["trials"]
+    assert trials["total"] == 4 and trials["failed"] == 0 and trials["completed"] >= 1
+    assert trials["completed"] + trials["early_stopped"] == 4
+
+    rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+    assert [row["rank"] for row in rows] == [1, 2, 3, 4] and len({row["trial_id"] for row in rows}) == 4
+    assert {row["family"] for row in rows} == {"lightning", "xgboost"}
+    completed = [row["metrics"]["val_rmse"] for row in rows if row["status"] == "COMPLETED"]
+    assert completed == sorted(completed) and rows[0]["status"] == "COMPLETED"
+    best = rows[0]
+    assert best["trial_id"] == manifest["best_trial_id"] and best["config"] == manifest["best_config"]
+    assert best["metrics"]["val_rmse"] == manifest["best_metric"] == manifest["best_metrics"]["val_rmse"]
+    assert best["config"]["family"] in ("lightning", "xgboost") and best["config"]["scaler"] in ("standard", "minmax")
+    for row in rows:
+        assert row["iterations"] >= 1 and row["time_s"] > 0 and row["error"] is None
+        assert set(row["metrics"]) == {"val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0"}
+        family_keys = {"hidden_sizes", "lr"} if row["family"] == "lightning" else {"max_depth", "eta"}
+        other_keys = {"max_depth", "eta"} if row["family"] == "lightning" else {"hidden_sizes", "lr"}
+        assert family_keys <= set(row["config"]) and not other_keys & set(row["config"])
+
+    with open(manifest["leaderboard_csv_uri"], newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert [row["trial_id"] for row in table] == [row["trial_id"] for row in rows]
+    assert float(table[0]["val_rmse"]) == manifest["best_metric"]
+    assert Path(manifest["plot_uri"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The best checkpoint is a model directory that predicts the metric the leaderboard shows.
+    model = load_model(manifest["best_checkpoint_uri"])
+    assert model.card["config"]["scaler"] == manifest["best_config"]["scaler"]
+    assert not list(Path(manifest["artifact_dir"]).rglob("test.npz"))  # the test split was never scored
+
+    # RayTrain given the best config as is trains the same model: same validation metric.
+    trained = _xcom(dag_run, "train")
+    assert trained["config"]["scaler"] == manifest["best_config"]["scaler"]
+    assert trained["metrics"]["validation"]["rmse"] == pytest.approx(manifest["best_metric"], rel=0.02)
+    card = json.loads((Path(trained["model_dir"]) / "model_card.json").read_text())
+    served_scaler = json.loads((Path(trained["model_dir"]) / "preprocessor.json").read_text())["scaler"]
+    assert served_scaler == manifest["best_config"]["scaler"] == card["config"]["scaler"]
+
+
+@pytest.mark.integration
+def test_tune_all_trials_failing_ends_the_task_with_the_reason(airflow_db, ray_conn, preprocess, artifact_root):
+    dag_run = _run("tune_only", preprocess, FAILING_SPACE, day=1)
+    assert dag_run.state == "failed"
+    directory = artifacts.run_dir(artifact_root, "tune_only", dag_run.run_id, "tune")
+    manifest = json.loads((Path(directory) / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert "no trial completed: 4 trial(s), 4 failed" in manifest["error"]
+    assert "no_such_method" in manifest["error"]  # the trials' own error, not a generic one
+    rows = json.loads((Path(directory) / "leaderboard.json").read_text())
+    assert len(rows) == 4 and {row["status"] for row in rows} == {"FAILED"}
+    assert all("no_such_method" in row["error"] for row in rows)
+
+
+@pytest.mark.integration
+def test_tune_optuna_searcher_samples_inside_the_space_and_every_trial_completes(airflow_db, ray_conn, preprocess):
+    space = {"family": "xgboost", "scaler": {"choice": ["standard", "none"]},
+             "xgboost": {"max_depth": {"randint": [2, 6]}, "eta": {"loguniform": [0.05, 0.3]}, "num_boost_round": 15}}
+    dag_run = _run("tune_optuna", preprocess, space, day=2)
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "tune")
+    assert manifest["searcher"] == "optuna" and manifest["scheduler"] == "none"
+    assert manifest["trials"] == {"total": 4, "completed": 4, "failed": 0, "early_stopped": 0}
+    rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+    for row in rows:
+        assert 2 <= row["config"]["max_depth"] < 6 and 0.05 <= row["config"]["eta"] <= 0.3
+        assert row["scaler"] in ("standard", "none") and row["iterations"] >= 2
+    assert len({row["config"]["eta"] for row in rows}) == 4  # the searcher proposed four configs
+    assert rows[0]["metrics"]["val_rmse"] == manifest["best_metric"] == min(r["metrics"]["val_rmse"] for r in rows)
+
+
+def _operator(**kwargs) -> RayTuneOperator:
+    from airflow.sdk import DAG
+
+    with DAG(dag_id="tune_unit", schedule=None, start_date=datetime(2026, 1, 1)):
+        return RayTuneOperator(task_id="tune", **kwargs)
+
+
+class _TI:
+    dag_id = "tune_unit"
+    map_index = -1
+
+    def __init__(self, xcom=None):
+        self._xcom = xcom
+
+    def xcom_pull(self, task_ids):
+        return self._xcom
+
+
+MANIFEST = {"split_uris": {"train": "/d/train", "validation": "/d/validation", "test": "/d/test"},
+            "feature_columns": ["a", "b"], "label_column": "quality", "preprocessor_uri": "/d/p.json",
+            "preprocessor_variants": {"standard": "/d/s.json", "minmax": "/d/m.json"}, "fingerprint": "f1"}
+
+
+def test_tune_operator_builds_its_spec_from_the_preprocess_xcom_and_compute(tmp_path):
+    compute = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 1, "cpus_per_worker": 1.0,
+               "accelerator": "cpu", "reason": "probe"}
+    operator = _operator(artifact_root=str(tmp_path), compute=compute, searcher="optuna", num_samples="8")
+    spec = operator.full_spec({"ti": _TI(MANIFEST), "run_id": "r1"})
+    assert spec["train_uri"] == "/d/train" and spec["validation_uri"] == "/d/validation"
+    assert "test_uri" not in spec  # choosing never sees the test split
+    assert spec["preprocessor_variants"] == MANIFEST["preprocessor_variants"] and spec["data_fingerprint"] == "f1"
+    assert spec["compute"] == compute and spec["num_samples"] == 8 and spec["searcher"] == "optuna"
+    assert spec["search_space"] is None  # the default space
+
+
+def test_tune_operator_bad_space_fails_before_any_job(tmp_path):
+    operator = _operator(artifact_root=str(tmp_path), search_space={"family": "xgboost", "xgboost": {"eta": {"uniform": [0, 3]}}},
+                         preprocess=MANIFEST)
+    with pytest.raises(RayOperatorError, match=r"invalid tune spec.*\['eta'\] allows 0, which training rejects"):
+        operator.full_spec({"ti": _TI(), "run_id": "r1"})
+
+
+def test_tune_operator_without_a_validation_split_says_what_to_change(tmp_path):
+    operator = _operator(artifact_root=str(tmp_path), preprocess={**MANIFEST, "split_uris": {"train": "/d/t"}})
+    with pytest.raises(RayOperatorError, match="validation fraction > 0"):
+        operator.full_spec({"ti": _TI(), "run_id": "r1"})
+
+
+def test_tune_operator_template_fields_name_its_arguments():
+    operator = _operator()
+    for name in RayTuneOperator.template_fields:
+        assert hasattr(operator, name), name
