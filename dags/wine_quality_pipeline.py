@@ -2,21 +2,26 @@
 
 Each task runs one Ray-side stage as a Ray job on the cluster named by the ``ray_default``
 connection (the embedded local cluster under ``make run``); the Airflow worker only submits,
-follows and records.
+follows and records. A retried task re-attaches to its running job (or reuses its result).
 
 * ``probe`` decides GPU or CPU once for the whole run (a CUDA smoke test where GPUs are
   advertised; CPU with the reason otherwise) and sizes the workers so Ray Data keeps CPU headroom;
-  its XCom is the compute spec that training and serving take.
-* ``demo_data`` writes the seeded stand-in for the UCI wine-quality files (red and white,
-  semicolon-separated as published) into this run's artifact directory.
-* ``preprocess`` validates those files (or the ``source`` Param's), splits them
-  deterministically, fits the scaler on the train split only and writes Parquet splits, the
-  preprocessor JSON and a data profile, streaming with Ray Data.
-* ``train`` fits the chosen model family on Ray Train (on GPU when the probe found one) and writes
-  a model directory with its model card (test metrics, data fingerprint, config, versions).
+  its XCom is the compute spec that tuning, training and serving take.
+* ``pick_data`` → ``demo_data`` writes the seeded stand-in for the UCI wine-quality files (red and
+  white, semicolon-separated as published) unless the ``source`` Param names your files.
+* ``preprocess`` validates the files, splits them deterministically, fits the scalers on the
+  train split only and writes Parquet splits, the preprocessor JSONs and a data profile.
+* ``search_space`` turns the Params form (families, scalers, epochs, rounds) into the search
+  space, unless the ``search_space`` Param gives a whole one.
+* ``tune`` searches family × scaler × hyperparameters on Ray Tune with ASHA early stopping, on the
+  validation split only; it writes a leaderboard (CSV, JSON) and a plot.
+* ``train`` fits the best config on Ray Train (on GPU when the probe found one) and writes a model
+  directory with its model card: test metrics (the test split's first use), data fingerprint,
+  config, versions.
 * ``deploy`` promotes the model to the Ray Serve endpoint only if it beats the model being served
   on the same test split; otherwise the task is skipped ("kept champion"). A failed deploy or
-  smoke test restores the previous version.
+  smoke test restores the previous version. A promotion updates the ``wine_quality_model`` Asset,
+  which schedules ``wine_batch_scoring``.
 
 Trigger it from the UI to change the Params below.
 """
@@ -33,6 +38,7 @@ from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
 from operators.ray_train import RayTrainOperator
+from operators.ray_tune import RayTuneOperator
 
 DEMO_ROWS = 6497  # the size of the published data set
 DEMO_SEED = 7
@@ -59,10 +65,21 @@ with DAG(
         "label_column": Param("quality", type="string", description="The column to predict"),
         "label_range": Param([0, 10], type=["null", "array"],
                              description="[min, max] a label may take; rows outside fail the run"),
-        "scaler": Param("standard", enum=["standard", "minmax", "none"], description="Feature scaling"),
-        "family": Param("xgboost", enum=["xgboost", "lightning"], description="Model family to train"),
-        "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, description="Lightning epochs"),
-        "num_boost_round": Param(200, type="integer", minimum=1, maximum=10000, description="XGBoost rounds"),
+        "families": Param(["xgboost", "lightning"], type="array", minItems=1, uniqueItems=True,
+                          items={"enum": ["xgboost", "lightning"]}, description="Model families to search"),
+        "scalers": Param(["standard", "minmax"], type="array", minItems=1, uniqueItems=True,
+                         items={"enum": ["standard", "minmax", "none"]},
+                         description="Feature scalings to search (the first is the one written)"),
+        "num_trials": Param(12, type="integer", minimum=1, maximum=1000, description="Tune trials"),
+        "time_budget_s": Param(900, type=["null", "number"], minimum=10,
+                               description="Stop the search after this many seconds (empty: no limit)"),
+        "searcher": Param("random", enum=["random", "optuna"],
+                          description="Random search, or Optuna's TPE (model-based)"),
+        "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, description="Lightning epochs per trial"),
+        "num_boost_round": Param(300, type="integer", minimum=1, maximum=10000,
+                                 description="XGBoost rounds per trial"),
+        "search_space": Param(None, type=["null", "object"],
+                              description="A whole search space (JSON; see the README); overrides the four above"),
         "train_workers": Param(None, type=["null", "integer"], minimum=0, maximum=512,
                                description="Ray Train workers (0: local mode); empty sizes from the data"),
         "placement_strategy": Param("PACK", enum=["PACK", "SPREAD", "STRICT_SPREAD"],
@@ -98,16 +115,35 @@ with DAG(
         source_task_id="demo_data",
         trigger_rule="none_failed_min_one_success",  # after demo_data, or straight after pick_data
         label_column="{{ params.label_column }}",
-        scaler="{{ params.scaler }}",
+        scaler="{{ params.scalers[0] }}",
         label_range="{{ params.label_range }}",
         doc_md="Validate, split and scale the data with Ray Data; the XCom lists the splits and the preprocessor.",
     )
+
+    @task(doc_md="The search space from the Params form, or the `search_space` Param as given.")
+    def search_space(params: dict | None = None) -> dict:
+        from rayml.search_space import SearchSpace, default_search_space
+
+        params = params or {}
+        if params.get("search_space"):
+            SearchSpace(params["search_space"])  # a bad space fails here, with the reason
+            return params["search_space"]
+        return default_search_space(params.get("families"), params.get("scalers"),
+                                    params.get("max_epochs"), params.get("num_boost_round"))
+
+    tune = RayTuneOperator(
+        task_id="tune",
+        search_space="{{ ti.xcom_pull('search_space') }}",
+        num_samples="{{ params.num_trials }}",
+        time_budget_s="{{ params.time_budget_s }}",
+        searcher="{{ params.searcher }}",
+        compute="{{ ti.xcom_pull('probe') }}",
+        doc_md="Search family x scaler x hyperparameters with ASHA; the XCom has the best config and "
+               "the leaderboard, which the UI's Ray ML page shows.",
+    )
     train = RayTrainOperator(
         task_id="train",
-        family="{{ params.family }}",
-        # each family takes only its own hyperparameters
-        config="{{ {'max_epochs': params.max_epochs} if params.family == 'lightning' "
-               "else {'num_boost_round': params.num_boost_round} }}",
+        config="{{ ti.xcom_pull('tune')['best_config'] }}",  # family, scaler and hyperparameters
         compute="{{ ti.xcom_pull('probe') }}",
         train_uri="{{ %s['split_uris']['train'] }}" % SPLITS,
         validation_uri="{{ %s['split_uris']['validation'] }}" % SPLITS,
@@ -115,10 +151,12 @@ with DAG(
         feature_columns="{{ %s['feature_columns'] }}" % SPLITS,
         label_column="{{ params.label_column }}",
         preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
+        preprocessor_variants="{{ %s['preprocessor_variants'] }}" % SPLITS,
         data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
         num_workers="{{ params.train_workers }}",
         placement_strategy="{{ params.placement_strategy }}",
-        doc_md="Train on Ray Train; the XCom holds the model directory, its version and test metrics.",
+        doc_md="Train the best config on Ray Train; the XCom holds the model directory, its version and "
+               "test metrics.",
     )
 
     @task.short_circuit(doc_md="Skip the deploy when the run's `deploy` Param is off.")
@@ -140,5 +178,5 @@ with DAG(
         return ["preprocess"] if (params or {}).get("source") else ["demo_data", "preprocess"]
 
     pick_data() >> [demo_data, preprocess]
-    demo_data >> preprocess >> train >> deploy_enabled() >> deploy
-    probe >> train
+    demo_data >> preprocess >> tune >> train >> deploy_enabled() >> deploy
+    [probe, search_space()] >> tune

@@ -218,3 +218,34 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item") and not isinstance(value, (list, dict)):
         return value.item()
     return value
+
+
+def default_search_space(
+    families: list[str] | None = None,
+    scalers: list[str] | None = None,
+    max_epochs: int | None = None,
+    num_boost_round: int | None = None,
+) -> dict[str, Any]:
+    """The default search space narrowed to ``families`` and ``scalers``, with the training budgets set.
+
+    What the wine DAG's Params form builds: a family or scaler given alone is fixed rather than a
+    one-option choice; the result is validated like any user's space.
+    """
+    space = copy.deepcopy(DEFAULT_SEARCH_SPACE)
+    families = list(families or FAMILIES)
+    scalers = list(scalers or space["scaler"]["choice"])
+    for name, chosen, allowed in (("families", families, FAMILIES), ("scalers", scalers, SCALERS)):
+        wrong = [value for value in chosen if value not in allowed]
+        if wrong:
+            raise SpecError(f"{name} may hold {list(allowed)}, got {wrong}")
+    space["family"] = families[0] if len(families) == 1 else {"choice": families}
+    space["scaler"] = scalers[0] if len(scalers) == 1 else {"choice": scalers}
+    for family in FAMILIES:
+        if family not in families:
+            space.pop(family)
+    if max_epochs is not None and "lightning" in space:
+        space["lightning"]["max_epochs"] = int(max_epochs)
+    if num_boost_round is not None and "xgboost" in space:
+        space["xgboost"]["num_boost_round"] = int(num_boost_round)
+    SearchSpace(space)
+    return space

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import requests
 
+from rayml import artifacts
 from rayml.specs import ComputeSpec
 from tests.conftest import ROOT, extra_cluster, load_dag
 from tests.operators.test_ray_job import _xcom
@@ -20,7 +21,10 @@ pytestmark = pytest.mark.integration
 ROW = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "residual sugar": 20.7,
        "chlorides": 0.045, "free sulfur dioxide": 45.0, "total sulfur dioxide": 170.0, "density": 1.001,
        "pH": 3.0, "sulphates": 0.45, "alcohol": 8.8, "type": "white"}
-SMALL = {"demo_rows": 1500, "demo_seed": 1, "family": "xgboost", "num_boost_round": 40}
+# small settings: a short search over both families and both scalers
+SMALL = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 3, "max_epochs": 2, "num_boost_round": 40}
+# what the two-node and the kept-champion runs need of the search: one quick XGBoost trial
+ONE_TRIAL = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 1, "families": ["xgboost"], "num_boost_round": 40}
 
 
 def _run(dag_id: str, when: datetime, **conf):
@@ -53,8 +57,15 @@ def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
     assert preprocessed["rows_read"] == 1500 and sum(preprocessed["rows"].values()) == 1500
     assert preprocessed["fingerprint"] == data["fingerprint"]
     assert set(preprocessed["split_uris"]) == {"train", "validation", "test"}
+    tuned = _xcom(dag_run, "tune")
+    assert tuned["trials"]["total"] == 3 and tuned["trials"]["completed"] >= 1
+    leaderboard = artifacts.read_json(tuned["leaderboard_json_uri"])
+    assert leaderboard[0]["trial_id"] == tuned["best_trial_id"] and len(leaderboard) == 3
     model = _xcom(dag_run, "train")
-    assert model["family"] == "xgboost"
+    # train fits tune's best config as is: same family, scaler and hyperparameters
+    assert model["family"] == tuned["best_config"]["family"]
+    assert {k: model["config"][k] for k in tuned["best_config"] if k in model["config"]} == {
+        k: v for k, v in tuned["best_config"].items() if k in model["config"]}
     assert model["metrics"]["test"]["rmse"] < model["baseline"]["test_rmse"]
     deployed = _xcom(dag_run, "deploy")
     assert deployed["action"] == "promoted" and deployed["model_version"] == model["model_version"]
@@ -72,9 +83,10 @@ def test_second_run_with_a_worse_model_keeps_the_champion(airflow_db, ray_conn):
     served = requests.get(f"{json.loads(os.environ['AIRFLOW_CONN_RAY_DEFAULT'])['extra']['serve_url']}"
                           "/wine/health", timeout=10).json()["model_version"]
     events_before = len(_asset_events("wine_quality_model"))
-    # one shallow boosting round on the same data: far worse than the served model
+    # a deliberately worse search: one trial of one shallow boosting round on the same data
+    worse = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
     dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 2, tzinfo=timezone.utc),
-                   **{**SMALL, "num_boost_round": 1})
+                   **{**ONE_TRIAL, "search_space": worse})
     states = _states(dag_run)
     assert states["train"] == "success" and states["deploy"] == "skipped", states
     decision = _xcom(dag_run, "deploy", key="decision")
@@ -113,7 +125,7 @@ def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray
                       "artifact_root": str(tmp_path), "serve_url": f"http://127.0.0.1:{free_port()}"},
         }))
         dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 4, tzinfo=timezone.utc),
-                       **{**SMALL, "train_workers": 2, "placement_strategy": "STRICT_SPREAD"})
+                       **{**ONE_TRIAL, "train_workers": 2, "placement_strategy": "STRICT_SPREAD"})
         assert dag_run.state == "success", _states(dag_run)
         used = _xcom(dag_run, "train")["compute_used"]
         assert used["num_workers"] == 2 and used["placement_strategy"] == "STRICT_SPREAD"

@@ -154,3 +154,18 @@ def test_leaderboard_sorts_completed_then_early_stopped_then_failed():
     png = plot_leaderboard(ranked, {"c": [(1.0, 0.8), (3.0, 0.7)], "d": [(2.0, 0.9), (5.0, 0.65)], "b": [(2.5, 0.6)]},
                            "val_rmse", "min", "test")
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_default_search_space_narrows_to_the_chosen_families_and_sets_budgets():
+    from rayml.search_space import SearchSpace, default_search_space
+
+    space = default_search_space(["xgboost"], ["minmax", "standard"], max_epochs=3, num_boost_round=25)
+    assert space["family"] == "xgboost" and "lightning" not in space
+    assert space["scaler"] == {"choice": ["minmax", "standard"]}
+    assert space["xgboost"]["num_boost_round"] == 25
+    assert SearchSpace(space).families == ["xgboost"]
+    both = default_search_space(None, ["none"], max_epochs=3)
+    assert both["family"] == {"choice": ["lightning", "xgboost"]} and both["lightning"]["max_epochs"] == 3
+    assert both["scaler"] == "none"
+    with pytest.raises(SpecError, match=r"families may hold .*got \['svm'\]"):
+        default_search_space(["svm"])
