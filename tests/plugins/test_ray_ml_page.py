@@ -1,7 +1,7 @@
 """The "Ray ML" page: plugin registration, rendering, and the real page in headless Chromium.
 
 The browser test runs Airflow's own api-server app (plugins, auth manager and all) under uvicorn,
-against a model really deployed on Ray Serve and a Tune-shaped XCom written by a fixture DAG run,
+against a real search's leaderboard and the best model, trained and deployed on Ray Serve,
 then loads the page in Debian's Chromium (Airflow in all-admins mode, so every request carries an admin's JWT,
 as the UI's session cookie does for the page's iframe).
 """
@@ -126,17 +126,14 @@ def _chromium(url: str, profile: str, *extra: str) -> subprocess.CompletedProces
 
 @pytest.fixture(scope="module")
 def served_and_tuned(airflow_db, ray_conn, tmp_path_factory):
-    """A model served on Ray Serve by the deploy operator, and a successful Tune-shaped task run."""
+    """A real search, its best model trained and served on Ray Serve by the deploy operator."""
     when = datetime(2026, 7, 1, tzinfo=timezone.utc)
     serve_run = load_dag("ray_ml_page_serve").test(logical_date=when, run_after=when)
     assert serve_run.state == "success"
-    tune_dir = str(tmp_path_factory.mktemp("tune"))
-    conf = {"artifact_dir": tune_dir, "dashboard_url": ray_conn.dashboard_url, "trials": 6, "seed": 4}
-    tune_run = load_dag("ray_ml_page_tune").test(logical_date=when, run_after=when, run_conf=conf)
-    assert tune_run.state == "success"
     from tests.operators.test_ray_job import _xcom
 
-    return _xcom(serve_run, "deploy"), _xcom(serve_run, "train"), _xcom(tune_run, "tune")
+    tuned = {**_xcom(serve_run, "tune"), "job": _xcom(serve_run, "tune", key="ray_job")}
+    return _xcom(serve_run, "deploy"), _xcom(serve_run, "train"), tuned
 
 
 @pytest.fixture(scope="module")
@@ -212,10 +209,12 @@ def test_ray_ml_page_in_headless_chromium_shows_served_model_and_leaderboard(ser
     rows = json.loads(Path(tuned["leaderboard_json_uri"]).read_text())
     positions = [html.index(f'data-trial="{row["trial_id"]}"') for row in rows]
     assert positions == sorted(positions)
-    assert tuned["best_trial_id"] in html and "FAILED: worker died" in html
-    assert 'id="tune-plot"' in html and 'data-width="640"' in html
-    assert "<code>ray_ml_page_tune</code>" in html
-    assert "/#/jobs/airflow-ray_ml_page_tune-tune-0" in html
+    assert len(rows) == 4 and tuned["best_trial_id"] in html
+    assert all(row["status"] in html for row in rows)
+    plot_width, _, _ = _png_pixels(Path(tuned["plot_uri"]).read_bytes())
+    assert 'id="tune-plot"' in html and f'data-width="{plot_width}"' in html  # the browser decoded it
+    assert "<code>ray_ml_page_serve</code>" in html
+    assert tuned["job"]["job_url"] in html
 
     shot = tmp_path / "ray-ml-page.png"
     result = _chromium(page, str(tmp_path / "profile2"), f"--screenshot={shot}", "--window-size=1280,1600",
