@@ -36,6 +36,7 @@ RAY_DASHBOARD_PORT = int(os.environ.get("RAY_DASHBOARD_PORT", "8265"))
 AIRFLOW_PORT = int(os.environ.get("AIRFLOW_PORT", "8080"))
 AIRFLOW_URL = f"http://127.0.0.1:{AIRFLOW_PORT}"
 DAG_ID = os.environ.get("DAG_ID", "wine_quality_pipeline")
+SCORING_DAG_ID = "wine_batch_scoring"  # scheduled on the model Asset that DAG_ID's deploy updates
 
 
 def airflow_env() -> dict[str, str]:
@@ -183,6 +184,7 @@ def trigger(conf: dict, timeout_s: float) -> int:
     client.login()
     client.wait_for_dag(DAG_ID)
     client.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    scoring = _unpause_scoring(client)
     run = client.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
     run_id = run["dag_run_id"]
     print(f"triggered {DAG_ID} run {run_id}")
@@ -207,15 +209,47 @@ def trigger(conf: dict, timeout_s: float) -> int:
         print(f"{ti['task_id']:<24} {str(ti['state']):<16} {_seconds(ti):>8}")
     if run["state"] == "success":
         report_model(client, run_id)
+        if scoring and isinstance(_xcom(client, run_id, "deploy"), dict):
+            report_scoring(client, run["start_date"], min(600.0, timeout_s))
     print(f"\nAirflow UI: {AIRFLOW_URL}  (user admin; password in {PASSWORD_FILE})")
     print(f"Ray dashboard: http://127.0.0.1:{RAY_DASHBOARD_PORT}  (token in {TOKEN_FILE})")
     print("The stack keeps running; `make stop` stops it.")
     return 0 if run["state"] == "success" else 1
 
 
-def _xcom(client: AirflowClient, run_id: str, task_id: str, key: str = "return_value"):
+def _unpause_scoring(client: AirflowClient) -> bool:
+    """Unpause the batch-scoring DAG, so a promotion's Asset event starts it (False: not parsed)."""
+    try:
+        client.wait_for_dag(SCORING_DAG_ID, timeout_s=60)
+    except SystemExit:
+        return False
+    client.call("PATCH", f"/dags/{SCORING_DAG_ID}", json={"is_paused": False})
+    return True
+
+
+def report_scoring(client: AirflowClient, after: str, timeout_s: float) -> None:
+    """Wait for the scoring run the promotion's Asset event started; print where its predictions went."""
+    print(f"\nthe promotion updated the model Asset: waiting for {SCORING_DAG_ID} ...")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = client.call("GET", f"/dags/{SCORING_DAG_ID}/dagRuns",
+                           params={"order_by": "-run_after", "limit": 1})["dag_runs"]
+        run = runs[0] if runs and (runs[0].get("run_after") or "") >= (after or "")[:19] else None
+        if run and run["state"] in ("success", "failed"):
+            scored = _xcom(client, run["dag_run_id"], "score", dag_id=SCORING_DAG_ID)
+            if run["state"] == "success" and isinstance(scored, dict):
+                print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: scored {scored['rows']} new wines with "
+                      f"{scored['model_version']}; predictions in {scored['output_uri']}")
+            else:
+                print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: {run['state']} (see its task logs in the UI)")
+            return
+        time.sleep(3)
+    print(f"{SCORING_DAG_ID} did not finish within {timeout_s:.0f} s; it goes on in Airflow")
+
+
+def _xcom(client: AirflowClient, run_id: str, task_id: str, key: str = "return_value", dag_id: str = DAG_ID):
     response = client.session.get(
-        f"{AIRFLOW_URL}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
+        f"{AIRFLOW_URL}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
         params={"deserialize": "true"}, timeout=30)
     if response.status_code != 200:
         return None
