@@ -1,29 +1,38 @@
-"""Stage ``data``: validate, split, fit a scaler on the train split and write Parquet with Ray Data.
+"""Stage ``data``: validate, split, fit a scaler on the train split and write Parquet.
 
 Two streaming passes over the sources, so a table larger than memory is never loaded whole:
 
-1. *profile*: every Ray Data batch is checked (non-numeric, NaN/infinite/missing values, labels
-   out of range) and summarised per split (row counts, mergeable moments, category and label
-   counts); the summaries are merged on the driver. Any failed check raises here, before anything
-   is written. Header checks (empty file, wrong delimiter, duplicate, missing or unexpected
-   columns) run even earlier, on the first bytes of each file, without Ray.
-2. *write*: every batch is split again and transformed by the preprocessor fitted on the train
-   split's summary, then written as Parquet partitioned by split.
+1. *profile*: every batch is checked (non-numeric, NaN/infinite/missing values, labels out of
+   range) and summarised per split (row counts, mergeable moments, category and label counts);
+   the summaries are merged. Any failed check raises here, before anything is written. Header
+   checks (empty file, wrong delimiter, duplicate, missing or unexpected columns) run even
+   earlier, on the first bytes of each file.
+2. *write*: every batch is transformed by the preprocessor fitted on the train split's summary
+   and written as Parquet, one directory per split.
+
+Two engines run the same per-batch functions (:func:`choose_engine` picks one):
+
+- ``direct``: pyarrow in the job's driver, batches processed on a thread per core; pass 1 keeps
+  the canonical kept rows and their split in local Arrow IPC scratch files, so pass 2 neither
+  parses the input again nor rehashes. No Ray Data start-up, no ``ray.init``.
+- ``ray_data``: Ray Data tasks across the cluster (one fused read -> map -> write task per file),
+  for inputs large enough that other nodes' CPUs pay for its start-up.
 
 A row's split is a seeded hash of its content (the values of its used columns, in sorted column
-order), so the same input and seed give the same split membership whatever the block count, the
-number of CPUs, the order of the files or their format (UCI semicolon, comma CSV or Parquet).
+order), so the same input and seed give the same split membership whatever the engine, the
+block count, the number of CPUs, the order of the files or their format (UCI semicolon, comma CSV
+or Parquet).
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
 import logging
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import threading
@@ -34,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
-import pandas as pd
 
 from rayml import artifacts
 from rayml.errors import DataSourceError
@@ -212,11 +220,26 @@ def _looks_categorical(layout: SourceLayout, column: str) -> bool:
         with filesystem.open_input_file(inner) as handle:
             kind = pq.ParquetFile(handle).schema_arrow.field(column).type
         return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind)
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
     complete = layout.head[: layout.head.rfind(b"\n") + 1] or layout.head
-    sample = pd.read_csv(io.BytesIO(complete), sep=layout.delimiter, dtype=str, keep_default_na=False,
-                         usecols=[column], encoding="utf-8-sig")[column]
-    values = sample[~sample.str.strip().isin(NULL_TOKENS)]
-    return bool(len(values)) and bool(pd.to_numeric(values, errors="coerce").isna().all())
+    sample = pacsv.read_csv(
+        pa.py_buffer(complete), read_options=pacsv.ReadOptions(use_threads=False),
+        parse_options=pacsv.ParseOptions(delimiter=layout.delimiter, invalid_row_handler=lambda row: "skip"),
+        convert_options=pacsv.ConvertOptions(column_types={column: pa.string()}, include_columns=[column],
+                                             strings_can_be_null=False),
+    )[column].to_pylist()
+    values = [value.strip() for value in sample if value.strip() not in NULL_TOKENS]
+    return bool(values) and not any(_is_number(value) for value in values)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def plan_columns(layouts: list[SourceLayout], spec: PreprocessSpec) -> ColumnPlan:
@@ -305,36 +328,113 @@ def _split_of_hashes(hashed: np.ndarray, fractions: list[float]) -> np.ndarray:
     return np.searchsorted(bounds, uniform, side="right").astype("int8")
 
 
-def _hash_columns(columns: list, seed: int) -> np.ndarray:
-    """``pd.util.hash_pandas_object(pd.DataFrame(columns), index=False)``, without building the frame.
+# The row hash is pandas' ``hash_pandas_object(frame, index=False)`` (the split of a row must never
+# change), computed with numpy alone so the direct engine's job does not import pandas (~0.35 s).
+# A test checks it against pandas bit for bit.
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_NAN_BITS = np.array(np.nan, dtype="float64").view("uint64")
+_NEGATIVE_ZERO_BITS = np.array(-0.0, dtype="float64").view("uint64")
 
-    Each column is hashed with ``pd.util.hash_array`` and the hashes are combined as pandas does
+
+def _rotate(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (64 - bits))) & _MASK64
+
+
+def siphash24(key: bytes, data: bytes) -> int:
+    """SipHash-2-4 of ``data`` under a 16-byte key (what pandas hashes strings with)."""
+    k0, k1 = struct.unpack("<QQ", key)
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+
+    def rounds(count: int) -> None:
+        for _ in range(count):
+            v[0] = (v[0] + v[1]) & _MASK64
+            v[1] = _rotate(v[1], 13) ^ v[0]
+            v[0] = _rotate(v[0], 32)
+            v[2] = (v[2] + v[3]) & _MASK64
+            v[3] = _rotate(v[3], 16) ^ v[2]
+            v[0] = (v[0] + v[3]) & _MASK64
+            v[3] = _rotate(v[3], 21) ^ v[0]
+            v[2] = (v[2] + v[1]) & _MASK64
+            v[1] = _rotate(v[1], 17) ^ v[2]
+            v[2] = _rotate(v[2], 32)
+
+    whole = len(data) // 8 * 8
+    for start in range(0, whole, 8):
+        word = int.from_bytes(data[start:start + 8], "little")
+        v[3] ^= word
+        rounds(2)
+        v[0] ^= word
+    last = ((len(data) & 0xFF) << 56) | int.from_bytes(data[whole:], "little")
+    v[3] ^= last
+    rounds(2)
+    v[0] ^= last
+    v[2] ^= 0xFF
+    rounds(4)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def _spread(values: np.ndarray) -> np.ndarray:
+    """pandas' final mixing of 64-bit hashes (in place)."""
+    values ^= values >> np.uint64(30)
+    values *= np.uint64(0xBF58476D1CE4E5B9)
+    values ^= values >> np.uint64(27)
+    values *= np.uint64(0x94D049BB133111EB)
+    values ^= values >> np.uint64(31)
+    return values
+
+
+def _hash_floats(values: np.ndarray) -> np.ndarray:
+    """``pd.util.hash_array`` of a float64 array (NaNs and -0.0 canonicalised first)."""
+    bits = values.view("uint64").copy()
+    bits[np.isnan(values)] = _NAN_BITS
+    bits[bits == _NEGATIVE_ZERO_BITS] = 0
+    return _spread(bits)
+
+
+def _hash_category_codes(codes: np.ndarray, values: list, key: str) -> np.ndarray:
+    """``pd.util.hash_array`` of a Categorical with these codes (-1: missing) and string categories."""
+    hashed = _spread(np.array([siphash24(key.encode("utf8"), str(value).encode("utf8")) for value in values],
+                              dtype="uint64"))
+    result = hashed.take(codes) if len(hashed) else np.zeros(len(codes), dtype="uint64")
+    result[codes < 0] = np.uint64(_MASK64)
+    return result
+
+
+def _hash_columns(columns: list, seed: int) -> np.ndarray:
+    """``pd.util.hash_pandas_object(pd.DataFrame(columns), index=False)``, without pandas.
+
+    Each column is a float64 array or a ``(codes, values)`` pair of a categorical column; each is
+    hashed as ``pd.util.hash_array`` does and the hashes are combined as pandas does
     (``pandas.core.util.hashing.combine_hash_arrays``), so the two give identical values.
     """
     key = _hash_key(seed)
-    out = np.zeros(len(columns[0]), dtype="uint64") + np.uint64(0x345678)
+    rows = len(columns[0][0]) if isinstance(columns[0], tuple) else len(columns[0])
+    out = np.zeros(rows, dtype="uint64") + np.uint64(0x345678)
     mult = np.uint64(1000003)
     for index, column in enumerate(columns):
         inverse = len(columns) - index
-        out ^= pd.util.hash_array(column, hash_key=key)
+        out ^= _hash_category_codes(*column, key) if isinstance(column, tuple) else _hash_floats(column)
         out *= mult
         mult += np.uint64(82520 + inverse + inverse)
     out += np.uint64(97531)
     return out
 
 
-def _categorical(values: np.ndarray) -> pd.Categorical:
-    """An object column as a Categorical: it hashes like the objects, but each distinct value once."""
+def _categorical(values: np.ndarray) -> tuple[np.ndarray, list]:
+    """An object column as codes into its distinct values (-1: missing): each value hashed once."""
+    import pandas as pd
+
     codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(uniques, dtype=object))
+    return codes, list(uniques)
 
 
 def assign_splits(frame: pd.DataFrame, columns: list[str], fractions: list[float], seed: int) -> np.ndarray:
     """Split index (0 train, 1 validation, 2 test) of each row, from a seeded hash of its values."""
+    import pandas as pd
+
     if frame.empty:
         return np.zeros(0, dtype="int8")
     # Canonical types first: a value hashes the same whether it came from CSV, Parquet or pandas.
-    # (A Categorical hashes exactly like its object values; it only hashes each distinct value once.)
     canonical = [frame[column].to_numpy(dtype="float64") if pd.api.types.is_numeric_dtype(frame[column])
                  else _categorical(frame[column].to_numpy(dtype=object)) for column in columns]
     return _split_of_hashes(_hash_columns(canonical, seed), fractions)
@@ -365,6 +465,8 @@ class Batch:
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, uris, ctx: "BatchContext", non_numeric: dict | None = None) -> "Batch":
         """From a pandas frame of the used columns in canonical types (see :func:`normalise`)."""
+        import pandas as pd
+
         numeric = np.asfortranarray(frame[[*ctx.numeric, ctx.label]].to_numpy(dtype="float64"))
         codes, values = {}, {}
         for column in ctx.categorical:
@@ -461,7 +563,7 @@ class Batch:
                 canonical[column] = values if every else values[keep]
             else:
                 codes = self.codes[column] if every else self.codes[column][keep]
-                canonical[column] = pd.Categorical.from_codes(codes, categories=pd.Index(self.values[column], dtype=object))
+                canonical[column] = (codes, self.values[column])
         return _split_of_hashes(_hash_columns(list(canonical.values()), ctx.seed), ctx.split)
 
 
@@ -471,6 +573,8 @@ def normalise(batch: pd.DataFrame, ctx: BatchContext) -> tuple[pd.DataFrame, lis
     Numeric columns become float64 (non-numeric strings, possible in Parquet, become NaN and are
     reported); categorical columns become Python strings (missing: None).
     """
+    import pandas as pd
+
     paths = batch[PATH_COLUMN].astype(str) if PATH_COLUMN in batch.columns else pd.Series([""] * len(batch))
     uris = paths.map({p: ctx.source_of(p) for p in paths.unique()}).to_numpy(dtype=object)
     frame = pd.DataFrame(index=pd.RangeIndex(len(batch)))
@@ -943,6 +1047,8 @@ def read_dataset(layouts: list[SourceLayout], plan: ColumnPlan, spec: Preprocess
 
 def diagnose_csv(layouts: list[SourceLayout], plan: ColumnPlan, chunk_rows: int = 200_000) -> None:
     """After the typed read failed: find the non-numeric values, streaming each file with pandas."""
+    import pandas as pd
+
     for layout in layouts:
         if layout.file_format != "csv":
             continue

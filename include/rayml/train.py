@@ -2,9 +2,10 @@
 
 Run as ``python -m rayml.train --spec '<json>'`` (a Ray job). The stage
 
-1. sizes the run: one worker below ``scale_out_min_rows`` training rows (Ray Train's fixed
-   start-up cost dominates at wine scale), the compute spec's workers above it, or Train's local
-   mode when the spec asks for ``num_workers=0``;
+1. sizes the run: Train's local mode on CPU (one GPU worker on GPU) below ``scale_out_min_rows``
+   training rows (Ray Train's fixed start-up cost dominates at wine scale), the compute spec's
+   workers above it; a local-mode XGBoost run reading the splits directly runs the same loop in
+   the job's process without Ray Train at all (no ``ray.init``, no ``ray.train`` import);
 2. on a GPU compute spec, first checks that the workers' GPU placement can be had within
    ``gpu_placement_timeout_s``, and trains on CPU (saying so in the log and the manifest) if not;
 3. trains with ``TorchTrainer`` + ``ray.train.lightning`` or ``XGBoostTrainer`` (V2 API), reading
@@ -232,13 +233,66 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
 # -- XGBoost -----------------------------------------------------------------------------------
 
 
-def xgboost_train_loop(cfg: dict[str, Any]) -> None:
-    """Ray Train worker loop: XGBoost (V2 XGBoostTrainer), checkpoints every N rounds, resumable."""
-    import ray.train
-    import xgboost
-    from ray.train import Checkpoint
+class InProcessTrainContext:
+    """What the XGBoost loop asks of Ray Train, for a run in the job's own process without it.
 
-    context = ray.train.get_context()
+    It behaves as Train's local mode does (rank 0 of 1, no checkpoint to resume from, a report
+    keeps only the last metrics), without importing Ray Train or starting a Train run: at wine
+    scale that start-up (importing ``ray.train``, ~1.5 s, plus ``ray.init``) costs more than the
+    training itself.
+    """
+
+    def __init__(self) -> None:
+        self.last_metrics: dict[str, Any] | None = None
+        self.reports = 0
+
+    def get_world_rank(self) -> int:
+        return 0
+
+    def get_world_size(self) -> int:
+        return 1
+
+    def get_checkpoint(self):
+        return None
+
+    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
+        self.last_metrics, self.reports = dict(metrics), self.reports + 1
+
+
+class RayTrainContext:
+    """The XGBoost loop's view of a Ray Train worker: rank, world size, checkpoints and reports."""
+
+    def __init__(self) -> None:
+        import ray.train
+
+        self._train = ray.train
+        self._context = ray.train.get_context()
+
+    def get_world_rank(self) -> int:
+        return self._context.get_world_rank()
+
+    def get_world_size(self) -> int:
+        return self._context.get_world_size()
+
+    def get_checkpoint(self):
+        return self._train.get_checkpoint()
+
+    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
+        from ray.train import Checkpoint
+
+        checkpoint = Checkpoint.from_directory(checkpoint_directory) if checkpoint_directory else None
+        self._train.report(metrics, checkpoint=checkpoint)
+
+
+def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+    """XGBoost training loop, checkpoints every N rounds, resumable.
+
+    Runs in Ray Train workers (V2 ``XGBoostTrainer``; ``context`` None) or, for a small CPU run,
+    in the job's own process with an :class:`InProcessTrainContext`.
+    """
+    import xgboost
+
+    context = context or RayTrainContext()
     rank = context.get_world_rank()
     _announce_worker(cfg, rank)
     config, features, label = cfg["config"], cfg["feature_columns"], cfg["label_column"]
@@ -265,15 +319,13 @@ def xgboost_train_loop(cfg: dict[str, Any]) -> None:
             if rounds % every == 0:
                 metrics = {"round": rounds, "validation_rmse": float(evals_log["validation"]["rmse"][-1])}
                 with tempfile.TemporaryDirectory() as directory:
-                    checkpoint = None
                     if rank == 0:
                         model.save_model(os.path.join(directory, XGBOOST_MODEL))
-                        checkpoint = Checkpoint.from_directory(directory)
-                    ray.train.report(metrics, checkpoint=checkpoint)
+                    context.report(metrics, checkpoint_directory=directory if rank == 0 else None)
             return False
 
     start_booster, resumed_from_round = None, None
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = context.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as directory:
             start_booster = xgboost.Booster()
@@ -339,9 +391,10 @@ def gpu_placement_available(num_workers: int, cpus: float, gpus: float, timeout_
 
 
 def _framework_versions(family: str) -> dict[str, str]:
-    import ray
+    from importlib.metadata import version
 
-    versions = {"python": platform.python_version(), "ray": ray.__version__, "numpy": np.__version__}
+    # The installed Ray's version without importing it (an in-process run never needs Ray).
+    versions = {"python": platform.python_version(), "ray": version("ray"), "numpy": np.__version__}
     if family == "lightning":
         import pytorch_lightning
         import torch
@@ -380,10 +433,6 @@ def _read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndar
 
 def run_training(spec: TrainSpec) -> TrainResult:
     """Train the spec's model family on the connected Ray cluster and write its model directory."""
-    import ray
-    import ray.data
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
-
     started = time.monotonic()
     config = spec.resolved_config()
     family = config["family"]
@@ -394,6 +443,30 @@ def run_training(spec: TrainSpec) -> TrainResult:
         _parquet_dataset(uri, columns)
     num_workers, sizing_reason = plan_workers(spec, compute, train_rows)
     log.info("right-sizing: %s", sizing_reason)
+    data_loading = spec.data_loading
+    if data_loading == "auto":
+        data_loading = "ray_data" if train_rows >= spec.scale_out_min_rows else "direct"
+    model_dir = artifacts.join(spec.artifact_dir, spec.model_subdir)
+    uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
+    if family == "xgboost" and num_workers == 0 and not compute.use_gpu and data_loading == "direct":
+        # Train's local mode runs the loop in this process anyway: run it without Ray Train, so
+        # the job neither connects to Ray nor imports Ray Train (most of a wine-scale run's time).
+        artifacts.makedirs(model_dir)
+        loop_config = {
+            "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
+            "label_mean": label_mean, "seed": spec.seed, "use_gpu": False, "local_mode": True,
+            "threads": max(1, int(compute.cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
+            "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "uris": uris, "data_loading": data_loading,
+        }
+        log.info("training xgboost on CPU in the job's process (Train's local mode without Ray Train), data: direct")
+        fit_started = time.monotonic()
+        xgboost_train_loop(loop_config, InProcessTrainContext())
+        return _finish(spec, config, compute, loop_config, label_mean, train_rows, started,
+                       fit_s=time.monotonic() - fit_started, runner="in_process", num_workers=0,
+                       sizing_reason=sizing_reason, use_gpu=False, gpus_per_worker=0, fallback_reason=None)
+    import ray
+    import ray.data
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 
     # The operator's job sets Train's report interval (JOB_ENV_VARS); run any other way, set it here
     # so that every report does not wait ~2 s for the controller's poll.
@@ -417,7 +490,6 @@ def run_training(spec: TrainSpec) -> TrainResult:
             log.warning("GPU fallback: %s", fallback_reason)
     local_mode = num_workers == 0
 
-    model_dir = artifacts.join(spec.artifact_dir, spec.model_subdir)
     artifacts.makedirs(model_dir)
     loop_config = {
         "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
@@ -425,10 +497,6 @@ def run_training(spec: TrainSpec) -> TrainResult:
         "threads": max(1, int(cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
         "artifact_dir": spec.artifact_dir, "model_dir": model_dir,
     }
-    uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
-    data_loading = spec.data_loading
-    if data_loading == "auto":
-        data_loading = "ray_data" if train_rows >= spec.scale_out_min_rows else "direct"
     loop_config.update(uris=uris, data_loading=data_loading)
     datasets = None
     if data_loading == "ray_data":
@@ -461,8 +529,19 @@ def run_training(spec: TrainSpec) -> TrainResult:
 
         trainer = XGBoostTrainer(xgboost_train_loop, **common)
     fit_started = time.monotonic()
-    result = trainer.fit()
-    fit_s = time.monotonic() - fit_started
+    trainer.fit()
+    return _finish(spec, config, compute, loop_config, label_mean, train_rows, started,
+                   fit_s=time.monotonic() - fit_started, runner="ray_train", num_workers=num_workers,
+                   sizing_reason=sizing_reason, use_gpu=use_gpu, gpus_per_worker=gpus_per_worker,
+                   fallback_reason=fallback_reason)
+
+
+def _finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_config: dict[str, Any],
+            label_mean: float, train_rows: int, started: float, *, fit_s: float, runner: str, num_workers: int,
+            sizing_reason: str, use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
+    """Metrics, baseline and model card from what the training loop wrote; the stage's result."""
+    family, local_mode, data_loading = config["family"], num_workers == 0, loop_config["data_loading"]
+    cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config["model_dir"]
     final = artifacts.read_json(artifacts.join(spec.artifact_dir, EVALUATION_DIR, "final.json"))
 
     metrics = {}
@@ -485,7 +564,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         **{key: value for key, value in final.items() if key not in ("device",)},
         "train_rows": train_rows, "worker_starts": worker_starts,
         "restarts": max(0, worker_starts - max(1, num_workers)), "run_name": run_name(spec.artifact_dir),
-        "checkpoint_every": _checkpoint_every(loop_config), "fit_s": round(fit_s, 3),
+        "checkpoint_every": _checkpoint_every(loop_config), "fit_s": round(fit_s, 3), "runner": runner,
         "stage_s": round(time.monotonic() - started, 3),
     }
     model_version = f"{family}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"

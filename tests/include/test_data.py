@@ -53,6 +53,27 @@ def test_split_assignment_same_rows_whatever_the_batching(frame):
     assert np.allclose(counts, FRACTIONS, atol=0.06)
 
 
+def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
+    from rayml.data import _hash_columns, _hash_key
+
+    texts = ["", "red", "white", "rosé", "x" * 7, "y" * 8, "z" * 9, "日本語", "a" * 100]
+    texts += [f"value-{index}-{'q' * (index % 23)}" for index in range(60)]
+    codes = np.array([*range(len(texts)), -1, 3, 0], dtype="int32")
+    floats = np.resize(np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.5, 1e300, -2.25]), len(codes))
+    for seed in (0, 5, 123):
+        expected = pd.util.hash_pandas_object(
+            pd.DataFrame({"a": floats, "b": pd.Categorical.from_codes(codes, categories=pd.Index(texts, dtype=object))}),
+            index=False, hash_key=_hash_key(seed)).to_numpy()
+        np.testing.assert_array_equal(_hash_columns([floats, (codes, texts)], seed), expected)
+
+
+def test_data_stage_module_imports_without_pandas():
+    code = "import sys, rayml.data; assert 'pandas' not in sys.modules, 'rayml.data imported pandas'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_split_assignment_other_seed_moves_rows(frame):
     assert (assign_splits(frame, HASHED, FRACTIONS, SEED) != assign_splits(frame, HASHED, FRACTIONS, SEED + 1)).any()
 
