@@ -52,21 +52,53 @@ SPLITS = ("train", "validation", "test")
 # -- data ------------------------------------------------------------------------------------
 
 
-def _parquet_dataset(uri: str, columns: list[str]):
-    import pyarrow.dataset as pads
+class ParquetSplit:
+    """A split written as one Parquet file or a directory of them, read with ``pyarrow.parquet`` alone.
 
-    filesystem, path = artifacts.resolve(uri)
-    try:
-        dataset = pads.dataset(path, filesystem=filesystem, format="parquet")
-    except (FileNotFoundError, OSError) as err:
-        raise DataSourceError(f"cannot read the Parquet split {uri!r}: {err}") from err
-    missing = sorted(set(columns) - set(dataset.schema.names))
-    if missing:
-        raise DataSourceError(
-            f"split {uri!r} lacks column(s) {missing}; it has {dataset.schema.names}. "
-            "Pass feature_columns/label_column that match the preprocessed data"
-        )
-    return dataset
+    (``pyarrow.dataset`` would do, but importing it imports pandas too: ~0.5 s of a wine-scale run.)
+    Files are read in sorted path order, so a split reads the same way every time.
+    """
+
+    def __init__(self, uri: str, columns: list[str]) -> None:
+        from pyarrow import fs as pafs
+
+        self.uri = uri
+        self.filesystem, path = artifacts.resolve(uri)
+        try:
+            info = self.filesystem.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                raise FileNotFoundError(f"{path} does not exist")
+            if info.type == pafs.FileType.Directory:
+                found = self.filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+                self.files = sorted(entry.path for entry in found if entry.type == pafs.FileType.File
+                                    and not os.path.basename(entry.path).startswith((".", "_")))
+            else:
+                self.files = [path]
+            if not self.files:
+                raise FileNotFoundError(f"{path} holds no Parquet file")
+            names = self._file(self.files[0]).schema_arrow.names
+        except (FileNotFoundError, OSError) as err:
+            raise DataSourceError(f"cannot read the Parquet split {uri!r}: {err}") from err
+        missing = sorted(set(columns) - set(names))
+        if missing:
+            raise DataSourceError(
+                f"split {uri!r} lacks column(s) {missing}; it has {names}. "
+                "Pass feature_columns/label_column that match the preprocessed data"
+            )
+
+    def _file(self, path: str):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.filesystem.open_input_file(path))
+
+    def to_table(self, columns: list[str]):
+        import pyarrow as pa
+
+        return pa.concat_tables([self._file(path).read(columns=columns) for path in self.files])
+
+
+def _parquet_dataset(uri: str, columns: list[str]) -> ParquetSplit:
+    return ParquetSplit(uri, columns)
 
 
 def _label_stats(uri: str, label: str, columns: list[str]) -> tuple[int, float]:
