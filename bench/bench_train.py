@@ -98,7 +98,7 @@ def fixed_costs(client) -> dict[str, float]:
             time.sleep(0.05)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
     imports = {}
-    for name, code in (("train_xgboost", "import rayml.train, xgboost, pyarrow.dataset"),
+    for name, code in (("train_xgboost", "import rayml.train, xgboost, pyarrow.parquet"),
                        ("ray_train", "import ray; import ray.train.xgboost")):
         seconds = []
         for _ in range(3):
@@ -199,7 +199,7 @@ def main() -> None:
           f"median of {args.repeats} run(s), interleaved.")
     if fixed:
         print(f"job fixed cost (medians of 3): submit -> RUNNING {fixed['to_running']:.2f} s (python -c pass); driver "
-              f"imports: rayml.train + xgboost + pyarrow.dataset {fixed['train_xgboost']:.2f} s, ray.train.xgboost "
+              f"imports: rayml.train + xgboost + pyarrow.parquet {fixed['train_xgboost']:.2f} s, ray.train.xgboost "
               f"{fixed['ray_train']:.2f} s (not imported by the in-process XGBoost run)")
     load.append(os.getloadavg()[0])
     print(f"load average (1 min) during the run: {min(load):.1f}-{max(load):.1f}")

@@ -4,7 +4,7 @@ Run as ``python -m rayml.train --spec '<json>'`` (a Ray job). The stage
 
 1. sizes the run: Train's local mode on CPU (one GPU worker on GPU) below ``scale_out_min_rows``
    training rows (Ray Train's fixed start-up cost dominates at wine scale), the compute spec's
-   workers above it; a local-mode XGBoost run reading the splits directly runs the same loop in
+   workers above it; a local-mode run on CPU reading the splits directly runs the same loop in
    the job's process without Ray Train at all (no ``ray.init``, no ``ray.train`` import);
 2. on a GPU compute spec, first checks that the workers' GPU placement can be had within
    ``gpu_placement_timeout_s``, and trains on CPU (saying so in the log and the manifest) if not;
@@ -165,26 +165,78 @@ def _checkpoint_every(cfg: dict[str, Any]) -> int:
     return 1
 
 
+# -- where a training loop runs -------------------------------------------------------------------
+
+
+class InProcessTrainContext:
+    """What the training loops ask of Ray Train, for a run in the job's own process without it.
+
+    It behaves as Train's local mode does (rank 0 of 1, no checkpoint to resume from, a report
+    keeps only the last metrics), without importing Ray Train or starting a Train run: at wine
+    scale that start-up (importing ``ray.train``, 1.5-3.5 s, plus ``ray.init``) costs about as
+    much as the training itself.
+    """
+
+    def __init__(self) -> None:
+        self.last_metrics: dict[str, Any] | None = None
+        self.reports = 0
+
+    def get_world_rank(self) -> int:
+        return 0
+
+    def get_world_size(self) -> int:
+        return 1
+
+    def get_checkpoint(self):
+        return None
+
+    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
+        self.last_metrics, self.reports = dict(metrics), self.reports + 1
+
+
+class RayTrainContext:
+    """A training loop's view of a Ray Train worker: rank, world size, checkpoints and reports."""
+
+    def __init__(self) -> None:
+        import ray.train
+
+        self._train = ray.train
+        self._context = ray.train.get_context()
+
+    def get_world_rank(self) -> int:
+        return self._context.get_world_rank()
+
+    def get_world_size(self) -> int:
+        return self._context.get_world_size()
+
+    def get_checkpoint(self):
+        return self._train.get_checkpoint()
+
+    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
+        from ray.train import Checkpoint
+
+        checkpoint = Checkpoint.from_directory(checkpoint_directory) if checkpoint_directory else None
+        self._train.report(metrics, checkpoint=checkpoint)
+
+
 # -- Lightning ---------------------------------------------------------------------------------
 
 
-def lightning_train_loop(cfg: dict[str, Any]) -> None:
-    """Ray Train worker loop: Lightning MLP with RayDDPStrategy, early stopping and checkpoints."""
+def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+    """Lightning MLP with early stopping and checkpoints.
+
+    Runs in Ray Train workers (``TorchTrainer`` with ``RayDDPStrategy``; ``context`` None) or, for a
+    small CPU run, in the job's own process with an :class:`InProcessTrainContext`.
+    """
     import pytorch_lightning as pl
-    import ray.train
     import torch
     from pytorch_lightning.callbacks import EarlyStopping
-    from ray.train.lightning import (
-        RayDDPStrategy,
-        RayLightningEnvironment,
-        RayTrainReportCallback,
-        prepare_trainer,
-    )
     from torch.utils.data import DataLoader, TensorDataset
 
     from rayml.models.mlp import lightning_module, model_config
 
-    context = ray.train.get_context()
+    in_ray_train = context is None
+    context = context or RayTrainContext()
     rank = context.get_world_rank()
     _announce_worker(cfg, rank)
     config, features, label, seed = cfg["config"], cfg["feature_columns"], cfg["label_column"], cfg["seed"]
@@ -202,18 +254,23 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
     module = lightning_module(config, len(features), cfg["label_mean"])
 
     every = _checkpoint_every(cfg)
+    callbacks = []
+    if in_ray_train:
+        from ray.train.lightning import RayTrainReportCallback
 
-    class ReportEveryCallback(RayTrainReportCallback):
-        """RayTrainReportCallback, every ``every`` epochs: each report costs a controller round trip."""
+        class ReportEveryCallback(RayTrainReportCallback):
+            """RayTrainReportCallback, every ``every`` epochs: each report costs a controller round trip."""
 
-        def on_train_epoch_end(self, trainer, pl_module):
-            if (trainer.current_epoch + 1) % every == 0:
-                super().on_train_epoch_end(trainer, pl_module)
+            def on_train_epoch_end(self, trainer, pl_module):
+                if (trainer.current_epoch + 1) % every == 0:
+                    super().on_train_epoch_end(trainer, pl_module)
 
-    callbacks = [ReportEveryCallback()]
+        callbacks.append(ReportEveryCallback())
     if config["patience"]:
         callbacks.append(EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
     local_mode = cfg["local_mode"]
+    if not local_mode:
+        from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
     trainer = pl.Trainer(
         max_epochs=config["max_epochs"],
         accelerator="gpu" if cfg["use_gpu"] else "cpu",
@@ -232,8 +289,10 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
         trainer = prepare_trainer(trainer)
 
     resumed_from_epoch = None
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = context.get_checkpoint()
     if checkpoint:
+        from ray.train.lightning import RayTrainReportCallback
+
         with checkpoint.as_directory() as directory:
             path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
             resumed_from_epoch = int(torch.load(path, map_location="cpu", weights_only=True)["epoch"]) + 1
@@ -263,57 +322,6 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
 
 
 # -- XGBoost -----------------------------------------------------------------------------------
-
-
-class InProcessTrainContext:
-    """What the XGBoost loop asks of Ray Train, for a run in the job's own process without it.
-
-    It behaves as Train's local mode does (rank 0 of 1, no checkpoint to resume from, a report
-    keeps only the last metrics), without importing Ray Train or starting a Train run: at wine
-    scale that start-up (importing ``ray.train``, ~1.5 s, plus ``ray.init``) costs more than the
-    training itself.
-    """
-
-    def __init__(self) -> None:
-        self.last_metrics: dict[str, Any] | None = None
-        self.reports = 0
-
-    def get_world_rank(self) -> int:
-        return 0
-
-    def get_world_size(self) -> int:
-        return 1
-
-    def get_checkpoint(self):
-        return None
-
-    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
-        self.last_metrics, self.reports = dict(metrics), self.reports + 1
-
-
-class RayTrainContext:
-    """The XGBoost loop's view of a Ray Train worker: rank, world size, checkpoints and reports."""
-
-    def __init__(self) -> None:
-        import ray.train
-
-        self._train = ray.train
-        self._context = ray.train.get_context()
-
-    def get_world_rank(self) -> int:
-        return self._context.get_world_rank()
-
-    def get_world_size(self) -> int:
-        return self._context.get_world_size()
-
-    def get_checkpoint(self):
-        return self._train.get_checkpoint()
-
-    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
-        from ray.train import Checkpoint
-
-        checkpoint = Checkpoint.from_directory(checkpoint_directory) if checkpoint_directory else None
-        self._train.report(metrics, checkpoint=checkpoint)
 
 
 def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
@@ -480,7 +488,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         data_loading = "ray_data" if train_rows >= spec.scale_out_min_rows else "direct"
     model_dir = artifacts.join(spec.artifact_dir, spec.model_subdir)
     uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
-    if family == "xgboost" and num_workers == 0 and not compute.use_gpu and data_loading == "direct":
+    if num_workers == 0 and not compute.use_gpu and data_loading == "direct":
         # Train's local mode runs the loop in this process anyway: run it without Ray Train, so
         # the job neither connects to Ray nor imports Ray Train (most of a wine-scale run's time).
         artifacts.makedirs(model_dir)
@@ -490,9 +498,11 @@ def run_training(spec: TrainSpec) -> TrainResult:
             "threads": max(1, int(compute.cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
             "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "uris": uris, "data_loading": data_loading,
         }
-        log.info("training xgboost on CPU in the job's process (Train's local mode without Ray Train), data: direct")
+        log.info("training %s on CPU in the job's process (Train's local mode without Ray Train), data: direct",
+                 family)
         fit_started = time.monotonic()
-        xgboost_train_loop(loop_config, InProcessTrainContext())
+        loop = lightning_train_loop if family == "lightning" else xgboost_train_loop
+        loop(loop_config, InProcessTrainContext())
         return _finish(spec, config, compute, loop_config, label_mean, train_rows, started,
                        fit_s=time.monotonic() - fit_started, runner="in_process", num_workers=0,
                        sizing_reason=sizing_reason, use_gpu=False, gpus_per_worker=0, fallback_reason=None)
