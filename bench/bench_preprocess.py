@@ -193,9 +193,13 @@ def submit(client, entrypoint: str) -> str:
         "py_modules": [os.path.dirname(rayml.__file__)], "env_vars": dict(JOB_ENV_VARS)})
 
 
+STATUS_POLL_S = 0.5  # Jobs API polls load the head's dashboard, which shares the CPUs with the job
+FILE_POLL_S = 0.01
+
+
 def wait_job(client, job: str) -> str:
     while (status := str(client.get_job_status(job))) not in TERMINAL:
-        time.sleep(0.02)
+        time.sleep(STATUS_POLL_S)
     return status
 
 
@@ -207,11 +211,13 @@ def measure_stage(client, cluster, paths: list[str], out: Path, **fields) -> dic
     sampler = PeakSampler(lambda: session_pids(cluster.leader_pids[0]))
     started = time.perf_counter()
     job = submit(client, f"python -m rayml.data --spec {shlex.quote(json.dumps(spec))}")
+    asked = time.perf_counter()
     while not manifest.exists():
-        status = str(client.get_job_status(job))
-        if status in TERMINAL and not manifest.exists():
-            break
-        time.sleep(0.02)
+        if time.perf_counter() - asked > STATUS_POLL_S:  # the manifest file is polled often, the API rarely
+            asked = time.perf_counter()
+            if str(client.get_job_status(job)) in TERMINAL and not manifest.exists():
+                break
+        time.sleep(FILE_POLL_S)
     seconds = time.perf_counter() - started
     peak_mb = sampler.close()
     status = wait_job(client, job)
@@ -231,7 +237,7 @@ def fixed_costs(client, cluster, work: Path) -> dict:
         started = time.perf_counter()
         job = submit(client, "python -c pass")
         while str(client.get_job_status(job)) == "PENDING":
-            time.sleep(0.01)
+            time.sleep(0.05)
         to_running.append(time.perf_counter() - started)
         wait_job(client, job)
     imports = []

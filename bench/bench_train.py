@@ -61,14 +61,18 @@ def stage(client, work: Path, fields: dict, config: dict, **spec_fields) -> tupl
         entrypoint=f"python -m rayml.train --spec {shlex.quote(json.dumps(spec))}",
         runtime_env={"py_modules": [str(Path(rayml.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)},
     )
-    to_manifest = None
+    # The manifest file is polled often, the Jobs API every 0.5 s (as the operator does, about):
+    # each API call costs the head's dashboard CPU that the job shares.
+    to_manifest, asked, status = None, 0.0, None
     while True:
         if to_manifest is None and manifest.exists():
             to_manifest = time.monotonic() - started
-        status = client.get_job_status(job)
-        if status in TERMINAL:
-            break
-        time.sleep(0.05)
+        if time.monotonic() - asked > 0.5:
+            asked = time.monotonic()
+            status = client.get_job_status(job)
+            if status in TERMINAL:
+                break
+        time.sleep(0.01)
     to_end = time.monotonic() - started
     if status != "SUCCEEDED":
         raise SystemExit(f"job {job} ended {status}:\n{client.get_job_logs(job)[-3000:]}")
@@ -92,7 +96,7 @@ def fixed_costs(client) -> dict[str, float]:
         job = client.submit_job(entrypoint="python -c pass", runtime_env={
             "py_modules": [str(Path(rayml.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)})
         while str(client.get_job_status(job)) == "PENDING":
-            time.sleep(0.01)
+            time.sleep(0.05)
         to_running.append(time.monotonic() - started)
         while str(client.get_job_status(job)) not in TERMINAL:
             time.sleep(0.05)
