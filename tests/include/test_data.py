@@ -131,6 +131,8 @@ def test_preprocessor_json_with_wrong_format_is_refused():
         ({"label_range": [10, 0]}, "got [10, 0]"),
         ({"feature_columns": ["quality"]}, "must not contain the label column 'quality'"),
         ({"delimiter": "|"}, "got '|'"),
+        ({"engine": "spark"}, "engine must be one of ['auto', 'direct', 'ray_data'], got 'spark'"),
+        ({"direct_max_bytes": -1}, "direct_max_bytes must be an integer >= 0, got -1"),
     ],
 )
 def test_preprocess_spec_bad_value_is_quoted(fields, quoted):
