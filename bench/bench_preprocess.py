@@ -1,26 +1,28 @@
-"""Benchmark the data stage: Ray Data vs pandas on one core, doing the same work, at three sizes.
+"""Benchmark the data stage as RayDataPreprocessOperator runs it vs pandas on one core, at three sizes.
 
     python bench/bench_preprocess.py                 # 6.5 k, 650 k and 6.5 M rows
-    python bench/bench_preprocess.py --rows 6500 650000
+    python bench/bench_preprocess.py --rows 6500 650000 [--repeats 3] [--no-ray-data]
 
 For each size the generated wine data is written first (comma CSV shards of at most 650 k rows,
-outside the timing). Then each engine runs in a fresh process, timed from the start of the stage's
-work to its last output (the manifest's content):
+outside the timing). Then, one after the other on the same files:
 
-* ``ray``: ``rayml.data.run_preprocess`` in a new driver (a new Ray job, as every Airflow task
-  is) against a local 2-CPU Ray cluster that this script starts (and stops). The time excludes
-  starting the driver and ``ray.init`` (and, for a real task, job submission: ~1.3 s, DESIGN.md)
-  but includes starting the job's Ray workers. The stage then runs again in the same driver
-  ("warm": workers already up), which is Ray Data's cost without that start-up. A first line
-  measures the fixed cost: the stage on 100 rows, cold and warm.
-* ``pandas``: the same work in one process pinned to one core: sha256 fingerprint of the inputs,
-  read, validation, hash split, fit on train, transform, Parquet per split, preprocessor and
-  profile JSON, through the same per-batch functions, on the whole table.
+* ``pandas``: a fresh process pinned to one core doing the same work: sha256 fingerprint of the
+  inputs, read, validation, hash split, fit on train, transform, Parquet per split, preprocessor and
+  profile JSON, through the same per-batch functions, on the whole table. Timed from spawn to
+  exit (interpreter start and imports included).
+* ``stage``: ``python -m rayml.data --spec ...`` submitted through the Ray Jobs API to a local
+  2-CPU cluster that this script starts (and stops), with the operator's runtime_env, timed from
+  submit to the manifest appearing (what the operator waits for). ``engine`` is left at ``auto``
+  (the direct pyarrow engine on this single node); ``stage, Ray Data`` forces ``engine=ray_data``.
 
-Peak memory is measured the same way for both: the largest sum of PSS (proportional set size, so
-shared object-store pages are not counted twice) sampled every 0.2 s over the engine's processes
-(pandas: its process; ray: the driver and every process of the Ray cluster, including the workers
-the job starts), minus that sum when the stage starts (after imports and ``ray.init``).
+The stage's fixed cost is measured apart, so the reader sees where the time goes: job submit to
+RUNNING for a trivial entrypoint (``python -c pass``), the driver's imports (``python -c "import
+rayml.data"`` in a fresh process) and the whole stage on 100 rows.
+
+Peak memory is measured the same way for every engine: the largest sum of PSS (proportional set
+size, so shared pages are not counted twice) sampled every 0.2 s over the engine's processes
+(pandas: its process; the stage: every process of the Ray cluster's session, which includes the
+job's driver and any worker it starts), minus that sum just before the engine starts.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARD_ROWS = 650_000
 DEFAULT_ROWS = (6_500, 650_000, 6_500_000)
 FIXED_ROWS = 100
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def write_inputs(rows: int, folder: Path) -> list[str]:
@@ -103,29 +108,6 @@ def _mark(what: str) -> None:
     print(what, flush=True)
 
 
-def run_ray(paths: list[str], out: str, leader: int) -> dict:
-    import ray
-
-    import rayml
-    from rayml.data import run_preprocess
-    from rayml.localcluster import session_pids
-    from rayml.specs import PreprocessSpec
-
-    ray.init(runtime_env={"py_modules": [os.path.dirname(rayml.__file__)]}, logging_level="WARNING",
-             log_to_driver=False)
-    _mark("STARTED")
-    started = time.perf_counter()
-    result = run_preprocess(PreprocessSpec(artifact_dir=out, source=paths, label_range=[0, 10]))
-    seconds = time.perf_counter() - started
-    _mark("STOPPED")
-    # The same stage again in the same driver (same Ray job): its workers are already started.
-    started = time.perf_counter()
-    again = run_preprocess(PreprocessSpec(artifact_dir=out + "-warm", source=paths, label_range=[0, 10]))
-    warm = time.perf_counter() - started
-    assert again.rows == result.rows
-    return {"seconds": seconds, "warm_seconds": warm, "rows": result.rows}
-
-
 def run_pandas(paths: list[str], out: str) -> dict:
     import hashlib
 
@@ -173,40 +155,100 @@ def run_pandas(paths: list[str], out: str) -> dict:
 
 
 def child(argv: list[str]) -> None:
-    engine, paths_file, out = argv[:3]
-    paths = json.loads(Path(paths_file).read_text())
-    result = run_ray(paths, out, int(argv[3])) if engine == "ray" else run_pandas(paths, out)
+    paths_file, out = argv[:2]
+    result = run_pandas(json.loads(Path(paths_file).read_text()), out)
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def measure(engine: str, paths_file: Path, out: Path, cluster) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")]),
-           "OMP_NUM_THREADS": "1" if engine == "pandas" else os.environ.get("OMP_NUM_THREADS", "")}
-    command = [sys.executable, __file__, "--child", engine, str(paths_file), str(out)]
-    if engine == "ray":
-        env.update({"RAY_ADDRESS": cluster.address, "RAY_AUTH_TOKEN": cluster.token, "RAY_AUTH_MODE": "token"})
-        command.append(str(cluster.leader_pids[0]))
-    else:
-        command = ["taskset", "-c", "0", *command] if shutil.which("taskset") else command
-    from rayml.localcluster import session_pids
-
+def measure_pandas(paths_file: Path, out: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")]), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, __file__, "--child", str(paths_file), str(out)]
+    command = ["taskset", "-c", "0", *command] if shutil.which("taskset") else command
     with tempfile.TemporaryFile("w+") as errors:
+        spawned = time.perf_counter()
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=errors, text=True)
-        pids = (lambda: [child.pid, *session_pids(cluster.leader_pids[0])]) if engine == "ray" else (lambda: [child.pid])
         sampler, peak_mb, result, lines = None, None, None, []
         for line in child.stdout:
             lines.append(line)
             if line.startswith("STARTED"):
-                sampler = PeakSampler(pids)
+                sampler = PeakSampler(lambda: [child.pid])
             elif line.startswith("STOPPED") and sampler is not None:
                 peak_mb = sampler.close()
             elif line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT "):])
         child.wait()
+        seconds = time.perf_counter() - spawned
         if result is None or peak_mb is None:
             errors.seek(0)
-            raise RuntimeError(f"{engine} run failed:\n{''.join(lines)[-2000:]}\n{errors.read()[-4000:]}")
-    return {**result, "peak_mb": peak_mb}
+            raise RuntimeError(f"pandas run failed:\n{''.join(lines)[-2000:]}\n{errors.read()[-4000:]}")
+    return {"seconds": seconds, "work_seconds": result["seconds"], "rows": result["rows"], "peak_mb": peak_mb}
+
+
+def submit(client, entrypoint: str) -> str:
+    import rayml
+    from rayml.constants import JOB_ENV_VARS
+
+    # What RayJobOperator.job_runtime_env() sends by default.
+    return client.submit_job(entrypoint=entrypoint, runtime_env={
+        "py_modules": [os.path.dirname(rayml.__file__)], "env_vars": dict(JOB_ENV_VARS)})
+
+
+STATUS_POLL_S = 0.5  # Jobs API polls load the head's dashboard, which shares the CPUs with the job
+FILE_POLL_S = 0.01
+
+
+def wait_job(client, job: str) -> str:
+    while (status := str(client.get_job_status(job))) not in TERMINAL:
+        time.sleep(STATUS_POLL_S)
+    return status
+
+
+def measure_stage(client, cluster, paths: list[str], out: Path, **fields) -> dict:
+    from rayml.localcluster import session_pids
+
+    spec = {"artifact_dir": str(out), "source": paths, "label_range": [0, 10], **fields}
+    manifest = out / "manifest.json"
+    sampler = PeakSampler(lambda: session_pids(cluster.leader_pids[0]))
+    started = time.perf_counter()
+    job = submit(client, f"python -m rayml.data --spec {shlex.quote(json.dumps(spec))}")
+    asked = time.perf_counter()
+    while not manifest.exists():
+        if time.perf_counter() - asked > STATUS_POLL_S:  # the manifest file is polled often, the API rarely
+            asked = time.perf_counter()
+            if str(client.get_job_status(job)) in TERMINAL and not manifest.exists():
+                break
+        time.sleep(FILE_POLL_S)
+    seconds = time.perf_counter() - started
+    peak_mb = sampler.close()
+    status = wait_job(client, job)
+    if status != "SUCCEEDED":
+        raise RuntimeError(f"stage job {job} ended {status}:\n{client.get_job_logs(job)[-4000:]}")
+    result = json.loads(manifest.read_text())
+    profile = json.loads(Path(result["profile_uri"]).read_text())
+    return {"seconds": seconds, "rows": result["rows"], "peak_mb": peak_mb, "engine": profile["engine"]["name"],
+            "stage_seconds": result["duration_s"]}
+
+
+def fixed_costs(client, cluster, work: Path) -> dict:
+    """Where a small stage's time goes: job start, the driver's imports, the whole stage on 100 rows."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
+    to_running = []
+    for _ in range(3):
+        started = time.perf_counter()
+        job = submit(client, "python -c pass")
+        while str(client.get_job_status(job)) == "PENDING":
+            time.sleep(0.05)
+        to_running.append(time.perf_counter() - started)
+        wait_job(client, job)
+    imports = []
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import rayml.data"], env=env, check=True)
+        imports.append(time.perf_counter() - started)
+    small = write_inputs(FIXED_ROWS, work / "in-fixed")
+    stage = [measure_stage(client, cluster, small, work / f"out-fixed-{index}")["seconds"] for index in range(3)]
+    return {"to_running": statistics.median(to_running), "imports": statistics.median(imports),
+            "stage": statistics.median(stage)}
 
 
 def main() -> None:
@@ -215,57 +257,74 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS))
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each engine per size (the median is shown)")
+    parser.add_argument("--no-ray-data", action="store_true", help="skip the engine=ray_data runs")
     args = parser.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "include")]
+    from ray.job_submission import JobSubmissionClient
+
     from rayml.localcluster import LocalRayCluster, new_token
 
     work = Path(tempfile.mkdtemp(prefix="bench-pre-", dir="/tmp"))
     cluster = LocalRayCluster(temp_dir=str(work / "ray"), num_cpus=2, token=new_token())
-    rows_out = []
+    engines = ["pandas", "stage"] + ([] if args.no_ray_data else ["stage, Ray Data"])
+    table = []
+    load = [os.getloadavg()[0]]
     try:
         cluster.start()
-        # The fixed cost: the stage on FIXED_ROWS rows, where per-row work is negligible. The first
-        # job on a new cluster also creates Ray Data's detached actors (once per cluster, ~10 s
-        # here): that run is not reported, as a long-lived cluster has paid it already.
-        paths_file = work / "in-fixed.json"
-        paths_file.write_text(json.dumps(write_inputs(FIXED_ROWS, work / "in-fixed")))
-        measure("ray", paths_file, work / "out-first", cluster)
-        fixed = measure("ray", paths_file, work / "out-fixed", cluster)
+        client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
+        # Warm-up: the package upload (once per package version) and, for Ray Data, its detached
+        # actors (once per cluster) are not what a task run on a long-lived cluster pays.
+        warm = write_inputs(FIXED_ROWS, work / "in-warm")
+        measure_stage(client, cluster, warm, work / "out-warm")
+        if not args.no_ray_data:
+            measure_stage(client, cluster, warm, work / "out-warm-rd", engine="ray_data")
+        fixed = fixed_costs(client, cluster, work)
         print(f"fixed: {json.dumps(fixed)}", file=sys.stderr, flush=True)
         for rows in args.rows:
             paths = write_inputs(rows, work / f"in-{rows}")
             paths_file = work / f"in-{rows}.json"
             paths_file.write_text(json.dumps(paths))
-            results = {engine: measure(engine, paths_file, work / f"out-{engine}-{rows}", cluster)
-                       for engine in ("pandas", "ray")}
-            assert results["ray"]["rows"] == results["pandas"]["rows"], results
-            rows_out.append((rows, results))
+            runs: dict[str, list[dict]] = {engine: [] for engine in engines}
+            for repeat in range(args.repeats):
+                for engine in engines:
+                    out = work / f"out-{rows}-{len(runs[engine])}-{engine.replace(' ', '').replace(',', '')}"
+                    if engine == "pandas":
+                        runs[engine].append(measure_pandas(paths_file, out))
+                    else:
+                        fields = {"engine": "ray_data"} if engine != "stage" else {}
+                        runs[engine].append(measure_stage(client, cluster, paths, out, **fields))
+                    shutil.rmtree(out, ignore_errors=True)
+                    print(f"{rows} rows {engine}: {json.dumps(runs[engine][-1])}", file=sys.stderr, flush=True)
+            for engine in engines[1:]:
+                assert all(run["rows"] == runs["pandas"][0]["rows"] for run in runs[engine]), runs
+            table.append((rows, {engine: {"seconds": statistics.median(r["seconds"] for r in found),
+                                          "best": min(r["seconds"] for r in found),
+                                          "peak_mb": max(r["peak_mb"] for r in found),
+                                          "engine": found[0].get("engine", "pandas")}
+                                 for engine, found in runs.items()}))
             shutil.rmtree(work / f"in-{rows}", ignore_errors=True)
-            for engine in ("pandas", "ray"):
-                for suffix in ("", "-warm"):
-                    shutil.rmtree(work / f"out-{engine}-{rows}{suffix}", ignore_errors=True)
-            print(f"done {rows} rows: {json.dumps(results)}", file=sys.stderr, flush=True)
+            load.append(os.getloadavg()[0])
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
-    header = (f"{'rows':>10} | {'pandas rows/s':>13} | {'ray rows/s':>11} | {'ray/pandas speed':>16} | "
-              f"{'ray warm rows/s':>15} | {'warm/pandas':>11} | "
-              f"{'pandas peak MB':>14} | {'ray peak MB':>11} | {'ray/pandas mem':>14}")
+    header = (f"{'rows':>10} | {'engine':<16} | {'seconds':>7} | {'rows/s':>11} | {'vs pandas speed':>15} | "
+              f"{'peak MB':>8} | {'vs pandas mem':>13}")
     print(header)
     print("-" * len(header))
-    for rows, results in rows_out:
-        pandas, ray = results["pandas"], results["ray"]
-        print(f"{rows:>10,} | {rows / pandas['seconds']:>13,.0f} | {rows / ray['seconds']:>11,.0f} | "
-              f"{pandas['seconds'] / ray['seconds']:>15.2f}x | {rows / ray['warm_seconds']:>15,.0f} | "
-              f"{pandas['seconds'] / ray['warm_seconds']:>10.2f}x | {pandas['peak_mb']:>14,.0f} | "
-              f"{ray['peak_mb']:>11,.0f} | {ray['peak_mb'] / pandas['peak_mb']:>13.2f}x")
-    print(f"ray fixed cost (the stage on {FIXED_ROWS} rows): {fixed['seconds']:.2f} s in a new driver (new Ray job: "
-          f"workers start and import Ray Data), {fixed['warm_seconds']:.2f} s again in the same driver; job "
-          "submission and ray.init are not included in any time above")
-    for rows, results in rows_out:
-        pandas, ray = results["pandas"], results["ray"]
-        print(f"{rows:>10,} rows: pandas {pandas['seconds']:.2f} s, ray {ray['seconds']:.2f} s "
-              f"(warm {ray['warm_seconds']:.2f} s)")
+    for rows, results in table:
+        pandas = results["pandas"]
+        for engine in engines:
+            found = results[engine]
+            name = engine if engine == "pandas" else f"{engine} ({found['engine']})" if engine == "stage" else engine
+            print(f"{rows:>10,} | {name:<16} | {found['seconds']:>7.2f} | {rows / found['seconds']:>11,.0f} | "
+                  f"{pandas['seconds'] / found['seconds']:>14.2f}x | {found['peak_mb']:>8,.0f} | "
+                  f"{found['peak_mb'] / pandas['peak_mb']:>12.2f}x")
+    print(f"stage fixed cost (medians of 3): job submit -> RUNNING {fixed['to_running']:.2f} s; driver imports "
+          f"(python -c 'import rayml.data') {fixed['imports']:.2f} s; the whole stage on {FIXED_ROWS} rows, submit -> "
+          f"manifest {fixed['stage']:.2f} s")
+    print(f"seconds: median of {args.repeats} run(s); pandas from spawn to exit on one core, the stage from job submit "
+          f"to manifest; load average (1 min) during the run: {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 class RayDataPreprocessOperator(RayJobOperator):
-    """Validate a table, split it, fit a scaler on the train split and write Parquet, on Ray Data.
+    """Validate a table, split it, fit a scaler on the train split and write Parquet, as a Ray job.
 
     Runs the ``data`` stage (``python -m rayml.data``) as a Ray job; the Airflow worker never
     loads the data. The XCom is the stage's manifest: ``split_uris`` (Parquet directories per
@@ -39,6 +39,10 @@ class RayDataPreprocessOperator(RayJobOperator):
     :param file_format: ``auto``, ``csv`` or ``parquet``. (templated)
     :param max_categories: most distinct values a categorical column may have.
     :param override_num_blocks: Ray Data read parallelism; None: one block per file (the output does not depend on it).
+    :param engine: ``auto``, ``direct`` (pyarrow in the job's driver) or ``ray_data``; ``auto`` runs
+        direct up to ``direct_max_bytes`` of input or on a one-node cluster. The output does not
+        depend on it. (templated)
+    :param direct_max_bytes: input size up to which ``auto`` runs direct without asking the cluster.
     :param kwargs: :class:`~operators.ray_job.RayJobOperator` arguments (``ray_conn_id``,
         ``artifact_root``, ``deferrable``, ...) and BaseOperator's.
     """
@@ -46,6 +50,7 @@ class RayDataPreprocessOperator(RayJobOperator):
     template_fields: Sequence[str] = (
         *RayJobOperator.template_fields, "source", "label_column", "feature_columns", "categorical_columns",
         "drop_columns", "split", "seed", "scaler", "nan_policy", "label_range", "delimiter", "file_format",
+        "engine",
     )
 
     def __init__(
@@ -66,6 +71,8 @@ class RayDataPreprocessOperator(RayJobOperator):
         file_format: str = "auto",
         max_categories: int = 100,
         override_num_blocks: int | None = None,
+        engine: str = "auto",
+        direct_max_bytes: int = 2 * 1024**3,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("stage", "data")
@@ -85,6 +92,8 @@ class RayDataPreprocessOperator(RayJobOperator):
         self.file_format = file_format
         self.max_categories = max_categories
         self.override_num_blocks = override_num_blocks
+        self.engine = engine
+        self.direct_max_bytes = direct_max_bytes
 
     def resolve_source(self, context: Context) -> list[str]:
         if self.source:
@@ -116,4 +125,6 @@ class RayDataPreprocessOperator(RayJobOperator):
             "file_format": self.file_format,
             "max_categories": self.max_categories,
             "override_num_blocks": self.override_num_blocks,
+            "engine": self.engine,
+            "direct_max_bytes": self.direct_max_bytes,
         }

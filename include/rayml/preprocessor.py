@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from rayml.errors import DataSourceError, SpecError
 
@@ -133,6 +132,8 @@ class Preprocessor:
 
     def transform(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Return the model inputs for ``frame`` (raw columns) as float64 columns in output order."""
+        import pandas as pd
+
         missing = [column for column in self.input_columns if column not in frame.columns]
         if missing:
             raise DataSourceError(
@@ -215,6 +216,8 @@ def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.
     Used to send rows of a preprocessed split to an endpoint that takes raw features (the
     deployment smoke test); a row whose one-hot columns are all zero decodes to ``None``.
     """
+    import pandas as pd
+
     shift, scale = preprocessor._scale_arrays()
     numeric = features[preprocessor.numeric_columns].to_numpy(dtype="float64") * scale + shift
     raw = pd.DataFrame(numeric, columns=preprocessor.numeric_columns, index=features.index)

@@ -204,6 +204,7 @@ SCALERS = ("standard", "minmax", "none")
 NAN_POLICIES = ("fail", "drop")
 DELIMITERS = ("auto", ",", ";", "\t")
 FILE_FORMATS = ("auto", "csv", "parquet")
+PREPROCESS_ENGINES = ("auto", "direct", "ray_data")
 
 
 def _require_str_list(owner: str, name: str, value: Any, allow_none: bool = True, allow_empty: bool = True) -> None:
@@ -249,6 +250,11 @@ class PreprocessSpec(StageSpec):
     :param max_categories: a categorical column with more distinct training values is an error.
     :param override_num_blocks: Ray Data read parallelism; None: one block (one fused task) per file. The output does not
         depend on it.
+    :param engine: ``direct`` (pyarrow in the job's driver, streaming with its node's cores),
+        ``ray_data`` (Ray Data tasks across the cluster) or ``auto``: direct when the input is at
+        most ``direct_max_bytes`` or the cluster has one node, Ray Data otherwise. The output does
+        not depend on it.
+    :param direct_max_bytes: input size up to which ``auto`` runs in the driver without asking the cluster.
     """
 
     stage: ClassVar[str] = "data"
@@ -266,6 +272,8 @@ class PreprocessSpec(StageSpec):
     file_format: str = "auto"
     max_categories: int = 100
     override_num_blocks: int | None = None
+    engine: str = "auto"
+    direct_max_bytes: int = 2 * 1024**3
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -308,6 +316,8 @@ class PreprocessSpec(StageSpec):
         require_int_range(owner, "max_categories", self.max_categories, 1)
         if self.override_num_blocks is not None:
             require_int_range(owner, "override_num_blocks", self.override_num_blocks, 1)
+        require_choice(owner, "engine", self.engine, PREPROCESS_ENGINES)
+        require_int_range(owner, "direct_max_bytes", self.direct_max_bytes, 0)
         if self.label_range is not None and (
             not isinstance(self.label_range, list)
             or len(self.label_range) != 2

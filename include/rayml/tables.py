@@ -14,8 +14,6 @@ import urllib.error
 import urllib.request
 from typing import Iterable
 
-import pandas as pd
-
 from rayml import artifacts
 from rayml.errors import DataSourceError
 from rayml.wine import TYPE_COLUMN
@@ -59,6 +57,8 @@ def _colour_from_name(source: str) -> str | None:
 
 def parse_table(source: str, data: bytes) -> pd.DataFrame:
     """Parse bytes read from ``source`` into a DataFrame (Parquet by suffix, CSV otherwise)."""
+    import pandas as pd
+
     if not data.strip():
         raise DataSourceError(f"{source!r} is empty: give a file with a header row and data rows")
     if source.lower().split("?", 1)[0].endswith(PARQUET_SUFFIXES):
@@ -85,6 +85,8 @@ def read_table(source: str) -> pd.DataFrame:
 
 def read_tables(sources: Iterable[str]) -> pd.DataFrame:
     """Read and stack several sources that share one schema (the red and white UCI files)."""
+    import pandas as pd
+
     sources = list(sources)
     if not sources:
         raise DataSourceError("no data source given: name at least one file or URL")

@@ -2,9 +2,10 @@
 
 Run as ``python -m rayml.train --spec '<json>'`` (a Ray job). The stage
 
-1. sizes the run: one worker below ``scale_out_min_rows`` training rows (Ray Train's fixed
-   start-up cost dominates at wine scale), the compute spec's workers above it, or Train's local
-   mode when the spec asks for ``num_workers=0``;
+1. sizes the run: Train's local mode on CPU (one GPU worker on GPU) below ``scale_out_min_rows``
+   training rows (Ray Train's fixed start-up cost dominates at wine scale), the compute spec's
+   workers above it; a local-mode run on CPU reading the splits directly runs the same loop in
+   the job's process without Ray Train at all (no ``ray.init``, no ``ray.train`` import);
 2. on a GPU compute spec, first checks that the workers' GPU placement can be had within
    ``gpu_placement_timeout_s``, and trains on CPU (saying so in the log and the manifest) if not;
 3. trains with ``TorchTrainer`` + ``ray.train.lightning`` or ``XGBoostTrainer`` (V2 API), reading
@@ -52,21 +53,53 @@ SPLITS = ("train", "validation", "test")
 # -- data ------------------------------------------------------------------------------------
 
 
-def _parquet_dataset(uri: str, columns: list[str]):
-    import pyarrow.dataset as pads
+class ParquetSplit:
+    """A split written as one Parquet file or a directory of them, read with ``pyarrow.parquet`` alone.
 
-    filesystem, path = artifacts.resolve(uri)
-    try:
-        dataset = pads.dataset(path, filesystem=filesystem, format="parquet")
-    except (FileNotFoundError, OSError) as err:
-        raise DataSourceError(f"cannot read the Parquet split {uri!r}: {err}") from err
-    missing = sorted(set(columns) - set(dataset.schema.names))
-    if missing:
-        raise DataSourceError(
-            f"split {uri!r} lacks column(s) {missing}; it has {dataset.schema.names}. "
-            "Pass feature_columns/label_column that match the preprocessed data"
-        )
-    return dataset
+    (``pyarrow.dataset`` would do, but importing it imports pandas too: ~0.5 s of a wine-scale run.)
+    Files are read in sorted path order, so a split reads the same way every time.
+    """
+
+    def __init__(self, uri: str, columns: list[str]) -> None:
+        from pyarrow import fs as pafs
+
+        self.uri = uri
+        self.filesystem, path = artifacts.resolve(uri)
+        try:
+            info = self.filesystem.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                raise FileNotFoundError(f"{path} does not exist")
+            if info.type == pafs.FileType.Directory:
+                found = self.filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+                self.files = sorted(entry.path for entry in found if entry.type == pafs.FileType.File
+                                    and not os.path.basename(entry.path).startswith((".", "_")))
+            else:
+                self.files = [path]
+            if not self.files:
+                raise FileNotFoundError(f"{path} holds no Parquet file")
+            names = self._file(self.files[0]).schema_arrow.names
+        except (FileNotFoundError, OSError) as err:
+            raise DataSourceError(f"cannot read the Parquet split {uri!r}: {err}") from err
+        missing = sorted(set(columns) - set(names))
+        if missing:
+            raise DataSourceError(
+                f"split {uri!r} lacks column(s) {missing}; it has {names}. "
+                "Pass feature_columns/label_column that match the preprocessed data"
+            )
+
+    def _file(self, path: str):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.filesystem.open_input_file(path))
+
+    def to_table(self, columns: list[str]):
+        import pyarrow as pa
+
+        return pa.concat_tables([self._file(path).read(columns=columns) for path in self.files])
+
+
+def _parquet_dataset(uri: str, columns: list[str]) -> ParquetSplit:
+    return ParquetSplit(uri, columns)
 
 
 def _label_stats(uri: str, label: str, columns: list[str]) -> tuple[int, float]:
@@ -119,35 +152,6 @@ def _map_features(cfg: dict[str, Any], x: np.ndarray) -> np.ndarray:
     return (x.astype(np.float64) * multiply + add).astype(np.float32)
 
 
-class _Session:
-    """Where a training loop runs: a Ray Train worker, or a Ray Tune trial (``cfg["session"] == "tune"``).
-
-    The loops below serve both the train stage and the tune stage's trials, so these are the only
-    places they differ: rank and world size, the checkpoint to resume from, and how they report.
-    """
-
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.tune = cfg.get("session") == "tune"
-        if self.tune:
-            self.rank, self.world_size = 0, 1
-        else:
-            import ray.train
-
-            context = ray.train.get_context()
-            self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
-
-    def get_checkpoint(self):
-        if self.tune:
-            return None  # a trial always starts fresh: a failed trial is recorded, not retried
-        import ray.train
-
-        return ray.train.get_checkpoint()
-
-    def evaluation_splits(self) -> tuple[str, ...]:
-        # A trial never looks at the test split: choosing must not see it.
-        return ("validation",) if self.tune else ("validation", "test")
-
-
 def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarray) -> None:
     """Report a trial's validation metrics now (``val_rmse``, ``val_mae``, ``val_acc_*``) to Ray Tune."""
     from ray import tune
@@ -165,10 +169,9 @@ def _write_final(cfg: dict[str, Any], final: dict[str, Any]) -> None:
 
 
 def _announce_worker(cfg: dict[str, Any], rank: int) -> None:
-    """Record this worker process (pid, rank, start time): operators and tests find workers here."""
-    import ray
-
-    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    """Record this worker process (pid, rank, node, start time): operators and tests find workers here."""
+    ray = sys.modules.get("ray")  # never imported just for this: the in-process runner runs without Ray
+    node_id = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
     record = {"pid": os.getpid(), "rank": rank, "host": platform.node(), "node_id": node_id, "started": time.time()}
     uri = artifacts.join(cfg["artifact_dir"], WORKERS_DIR, f"rank{rank}-pid{os.getpid()}.json")
     artifacts.write_json_atomic(uri, record)
@@ -188,27 +191,107 @@ def _checkpoint_every(cfg: dict[str, Any]) -> int:
     return 1
 
 
+# -- where a training loop runs -------------------------------------------------------------------
+
+
+class InProcessTrainContext:
+    """What the training loops ask of Ray Train, for a run in the job's own process without it.
+
+    It behaves as Train's local mode does (rank 0 of 1, no checkpoint to resume from, a report
+    keeps only the last metrics), without importing Ray Train or starting a Train run: at wine
+    scale that start-up (importing ``ray.train``, 1.5-3.5 s, plus ``ray.init``) costs about as
+    much as the training itself.
+    """
+
+    tune = False
+
+    def __init__(self) -> None:
+        self.last_metrics: dict[str, Any] | None = None
+        self.reports = 0
+
+    def evaluation_splits(self) -> tuple[str, ...]:
+        return ("validation", "test")
+
+    def get_world_rank(self) -> int:
+        return 0
+
+    def get_world_size(self) -> int:
+        return 1
+
+    def get_checkpoint(self):
+        return None
+
+    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
+        self.last_metrics, self.reports = dict(metrics), self.reports + 1
+
+
+class RayTrainContext:
+    """A training loop's view of a Ray Train worker: rank, world size, checkpoints and reports."""
+
+    tune = False
+
+    def evaluation_splits(self) -> tuple[str, ...]:
+        return ("validation", "test")
+
+    def __init__(self) -> None:
+        import ray.train
+
+        self._train = ray.train
+        self._context = ray.train.get_context()
+
+    def get_world_rank(self) -> int:
+        return self._context.get_world_rank()
+
+    def get_world_size(self) -> int:
+        return self._context.get_world_size()
+
+    def get_checkpoint(self):
+        return self._train.get_checkpoint()
+
+    def report(self, metrics: dict[str, Any], checkpoint_directory: str | None = None) -> None:
+        from ray.train import Checkpoint
+
+        checkpoint = Checkpoint.from_directory(checkpoint_directory) if checkpoint_directory else None
+        self._train.report(metrics, checkpoint=checkpoint)
+
+
+class TuneTrialContext(InProcessTrainContext):
+    """A training loop inside a Ray Tune trial (``cfg["session"] == "tune"``): rank 0 of 1, always a
+    fresh start (a failed trial is recorded, not retried), reports go to Ray Tune, and the test
+    split is never looked at: choosing must not see it."""
+
+    tune = True
+
+    def evaluation_splits(self) -> tuple[str, ...]:
+        return ("validation",)
+
+
+def _loop_context(cfg: dict[str, Any], context: Any):
+    """The context a training loop was given, else the one its place implies (Tune trial or Train worker)."""
+    if context is not None:
+        return context
+    return TuneTrialContext() if cfg.get("session") == "tune" else RayTrainContext()
+
+
 # -- Lightning ---------------------------------------------------------------------------------
 
 
-def lightning_train_loop(cfg: dict[str, Any]) -> None:
-    """Ray Train worker loop: Lightning MLP with RayDDPStrategy, early stopping and checkpoints."""
+def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+    """Lightning MLP with early stopping and checkpoints.
+
+    Runs in Ray Train workers (``TorchTrainer`` with ``RayDDPStrategy``; ``context`` None) or, for a
+    small CPU run, in the job's own process with an :class:`InProcessTrainContext`.
+    """
     import pytorch_lightning as pl
-    import ray.train
     import torch
     from pytorch_lightning.callbacks import EarlyStopping
-    from ray.train.lightning import (
-        RayDDPStrategy,
-        RayLightningEnvironment,
-        RayTrainReportCallback,
-        prepare_trainer,
-    )
     from torch.utils.data import DataLoader, TensorDataset
 
     from rayml.models.mlp import lightning_module, model_config
 
-    session = _Session(cfg)
-    rank, world_size = session.rank, session.world_size
+    context = _loop_context(cfg, context)
+    in_ray_train = isinstance(context, RayTrainContext)
+    rank, world_size = context.get_world_rank(), context.get_world_size()
     _announce_worker(cfg, rank)
     config, features, label, seed = cfg["config"], cfg["feature_columns"], cfg["label_column"], cfg["seed"]
     pl.seed_everything(seed, workers=True, verbose=False)
@@ -224,13 +307,18 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
     module = lightning_module(config, len(features), cfg["label_mean"])
 
     every = _checkpoint_every(cfg)
+    callbacks = []
+    if in_ray_train:
+        from ray.train.lightning import RayTrainReportCallback
 
-    class ReportEveryCallback(RayTrainReportCallback):
-        """RayTrainReportCallback, every ``every`` epochs: each report costs a controller round trip."""
+        class ReportEveryCallback(RayTrainReportCallback):
+            """RayTrainReportCallback, every ``every`` epochs: each report costs a controller round trip."""
 
-        def on_train_epoch_end(self, trainer, pl_module):
-            if (trainer.current_epoch + 1) % every == 0:
-                super().on_train_epoch_end(trainer, pl_module)
+            def on_train_epoch_end(self, trainer, pl_module):
+                if (trainer.current_epoch + 1) % every == 0:
+                    super().on_train_epoch_end(trainer, pl_module)
+
+        callbacks.append(ReportEveryCallback())
 
     class TuneReportEveryCallback(pl.Callback):
         """In a Tune trial: the validation metrics every ``every`` epochs (ASHA decides on these)."""
@@ -245,10 +333,13 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
             pl_module.train(was_training)
             tune_report({"epoch": trainer.current_epoch + 1}, val_y, predicted)
 
-    callbacks = [TuneReportEveryCallback() if session.tune else ReportEveryCallback()]
+    if context.tune:
+        callbacks.append(TuneReportEveryCallback())
     if config["patience"]:
         callbacks.append(EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
     local_mode = cfg["local_mode"]
+    if not local_mode:
+        from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
     trainer = pl.Trainer(
         max_epochs=config["max_epochs"],
         accelerator="gpu" if cfg["use_gpu"] else "cpu",
@@ -267,8 +358,10 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
         trainer = prepare_trainer(trainer)
 
     resumed_from_epoch = None
-    checkpoint = session.get_checkpoint()
+    checkpoint = context.get_checkpoint()
     if checkpoint:
+        from ray.train.lightning import RayTrainReportCallback
+
         with checkpoint.as_directory() as directory:
             path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
             resumed_from_epoch = int(torch.load(path, map_location="cpu", weights_only=True)["epoch"]) + 1
@@ -284,7 +377,7 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
     if rank == 0:
         net = module.model.to("cpu").eval()
         evaluated = {"validation": (val_x, val_y)}
-        if "test" in session.evaluation_splits():
+        if "test" in context.evaluation_splits():
             evaluated["test"] = split_arrays(cfg, "test")
         with torch.inference_mode():
             for split, (x, y) in evaluated.items():
@@ -302,14 +395,17 @@ def lightning_train_loop(cfg: dict[str, Any]) -> None:
 # -- XGBoost -----------------------------------------------------------------------------------
 
 
-def xgboost_train_loop(cfg: dict[str, Any]) -> None:
-    """Ray Train worker loop: XGBoost (V2 XGBoostTrainer), checkpoints every N rounds, resumable."""
-    import ray.train
-    import xgboost
-    from ray.train import Checkpoint
+def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+    """XGBoost training loop, checkpoints every N rounds, resumable.
 
-    session = _Session(cfg)
-    rank, world_size = session.rank, session.world_size
+    Runs in Ray Train workers (V2 ``XGBoostTrainer``; ``context`` None), in a Ray Tune trial
+    (``cfg["session"] == "tune"``) or, for a small CPU run, in the job's own process with an
+    :class:`InProcessTrainContext`.
+    """
+    import xgboost
+
+    context = _loop_context(cfg, context)
+    rank, world_size = context.get_world_rank(), context.get_world_size()
     _announce_worker(cfg, rank)
     config, features, label = cfg["config"], cfg["feature_columns"], cfg["label_column"]
 
@@ -331,20 +427,18 @@ def xgboost_train_loop(cfg: dict[str, Any]) -> None:
 
         def after_iteration(self, model, epoch, evals_log):
             rounds = model.num_boosted_rounds()
-            if rounds % every == 0 and session.tune:
+            if rounds % every == 0 and context.tune:
                 tune_report({"round": rounds}, val_y, model.predict(dvalidation))
             elif rounds % every == 0:
                 metrics = {"round": rounds, "validation_rmse": float(evals_log["validation"]["rmse"][-1])}
                 with tempfile.TemporaryDirectory() as directory:
-                    checkpoint = None
                     if rank == 0:
                         model.save_model(os.path.join(directory, XGBOOST_MODEL))
-                        checkpoint = Checkpoint.from_directory(directory)
-                    ray.train.report(metrics, checkpoint=checkpoint)
+                    context.report(metrics, checkpoint_directory=directory if rank == 0 else None)
             return False
 
     start_booster, resumed_from_round = None, None
-    checkpoint = session.get_checkpoint()
+    checkpoint = context.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as directory:
             start_booster = xgboost.Booster()
@@ -367,7 +461,7 @@ def xgboost_train_loop(cfg: dict[str, Any]) -> None:
     # Every rank builds the evaluation DMatrix: with several workers, DMatrix construction is a
     # collective operation, and rank 0 alone would wait for the others.
     evaluated = {"validation": (val_x, val_y)}
-    if "test" in session.evaluation_splits():
+    if "test" in context.evaluation_splits():
         evaluated["test"] = split_arrays(cfg, "test")
     predictions = {split: (y, booster.predict(xgboost.DMatrix(x, feature_names=features)))
                    for split, (x, y) in evaluated.items()}
@@ -438,9 +532,10 @@ def scaler_plan(preprocessor_uri: str | None, variants: dict[str, str] | None, s
 
 
 def _framework_versions(family: str) -> dict[str, str]:
-    import ray
+    from importlib.metadata import version
 
-    versions = {"python": platform.python_version(), "ray": ray.__version__, "numpy": np.__version__}
+    # The installed Ray's version without importing it (an in-process run never needs Ray).
+    versions = {"python": platform.python_version(), "ray": version("ray"), "numpy": np.__version__}
     if family == "lightning":
         import pytorch_lightning
         import torch
@@ -485,10 +580,6 @@ def _read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndar
 
 def run_training(spec: TrainSpec) -> TrainResult:
     """Train the spec's model family on the connected Ray cluster and write its model directory."""
-    import ray
-    import ray.data
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
-
     started = time.monotonic()
     config = spec.resolved_config()
     family = config["family"]
@@ -503,6 +594,33 @@ def run_training(spec: TrainSpec) -> TrainResult:
                                            spec.feature_columns)
     if affine:
         log.info("scaler %r: features mapped from the written splits with the variant %s", spec.scaler, preprocessor_uri)
+    data_loading = spec.data_loading
+    if data_loading == "auto":
+        data_loading = "ray_data" if train_rows >= spec.scale_out_min_rows else "direct"
+    model_dir = artifacts.join(spec.artifact_dir, spec.model_subdir)
+    uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
+    if num_workers == 0 and not compute.use_gpu and data_loading == "direct":
+        # Train's local mode runs the loop in this process anyway: run it without Ray Train, so
+        # the job neither connects to Ray nor imports Ray Train (most of a wine-scale run's time).
+        artifacts.makedirs(model_dir)
+        loop_config = {
+            "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
+            "label_mean": label_mean, "seed": spec.seed, "use_gpu": False, "local_mode": True,
+            "threads": max(1, int(compute.cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
+            "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "uris": uris, "data_loading": data_loading,
+            "feature_affine": affine,
+        }
+        log.info("training %s on CPU in the job's process (Train's local mode without Ray Train), data: direct",
+                 family)
+        fit_started = time.monotonic()
+        loop = lightning_train_loop if family == "lightning" else xgboost_train_loop
+        loop(loop_config, InProcessTrainContext())
+        return _finish(spec, config, compute, loop_config, label_mean, train_rows, started, preprocessor_uri,
+                       fit_s=time.monotonic() - fit_started, runner="in_process", num_workers=0,
+                       sizing_reason=sizing_reason, use_gpu=False, gpus_per_worker=0, fallback_reason=None)
+    import ray
+    import ray.data
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 
     # The operator's job sets Train's report interval (JOB_ENV_VARS); run any other way, set it here
     # so that every report does not wait ~2 s for the controller's poll.
@@ -526,7 +644,6 @@ def run_training(spec: TrainSpec) -> TrainResult:
             log.warning("GPU fallback: %s", fallback_reason)
     local_mode = num_workers == 0
 
-    model_dir = artifacts.join(spec.artifact_dir, spec.model_subdir)
     artifacts.makedirs(model_dir)
     loop_config = {
         "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
@@ -534,10 +651,6 @@ def run_training(spec: TrainSpec) -> TrainResult:
         "threads": max(1, int(cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
         "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "feature_affine": affine,
     }
-    uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
-    data_loading = spec.data_loading
-    if data_loading == "auto":
-        data_loading = "ray_data" if train_rows >= spec.scale_out_min_rows else "direct"
     loop_config.update(uris=uris, data_loading=data_loading)
     datasets = None
     if data_loading == "ray_data":
@@ -571,8 +684,19 @@ def run_training(spec: TrainSpec) -> TrainResult:
 
         trainer = XGBoostTrainer(xgboost_train_loop, **common)
     fit_started = time.monotonic()
-    result = trainer.fit()
-    fit_s = time.monotonic() - fit_started
+    trainer.fit()
+    return _finish(spec, config, compute, loop_config, label_mean, train_rows, started, preprocessor_uri,
+                   fit_s=time.monotonic() - fit_started, runner="ray_train", num_workers=num_workers,
+                   sizing_reason=sizing_reason, use_gpu=use_gpu, gpus_per_worker=gpus_per_worker,
+                   fallback_reason=fallback_reason)
+
+
+def _finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_config: dict[str, Any],
+            label_mean: float, train_rows: int, started: float, preprocessor_uri: str | None, *, fit_s: float, runner: str, num_workers: int,
+            sizing_reason: str, use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
+    """Metrics, baseline and model card from what the training loop wrote; the stage's result."""
+    family, local_mode, data_loading = config["family"], num_workers == 0, loop_config["data_loading"]
+    cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config["model_dir"]
     final = artifacts.read_json(artifacts.join(spec.artifact_dir, EVALUATION_DIR, "final.json"))
 
     metrics = {}
@@ -598,7 +722,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         **{key: value for key, value in final.items() if key not in ("device",)},
         "train_rows": train_rows, "worker_starts": worker_starts,
         "restarts": max(0, worker_starts - max(1, num_workers)), "run_name": run_name(spec.artifact_dir),
-        "checkpoint_every": _checkpoint_every(loop_config), "fit_s": round(fit_s, 3),
+        "checkpoint_every": _checkpoint_every(loop_config), "fit_s": round(fit_s, 3), "runner": runner,
         "stage_s": round(time.monotonic() - started, 3),
     }
     model_version = f"{family}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"

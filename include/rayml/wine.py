@@ -11,7 +11,6 @@ others, so a model can learn it about as well as it can learn the real grades.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 FEATURES = (
     "fixed acidity",
@@ -87,6 +86,8 @@ _DECIMALS = {
 
 
 def _generate_type(rng: np.random.Generator, kind: str, rows: int) -> pd.DataFrame:
+    import pandas as pd
+
     stats = _STATS[kind]
     z_acid = rng.standard_normal(rows)
     z_alcohol = rng.standard_normal(rows)
@@ -148,6 +149,8 @@ def _generate_type(rng: np.random.Generator, kind: str, rows: int) -> pd.DataFra
 
 def generate(rows: int = 6497, seed: int = 7) -> pd.DataFrame:
     """Return ``rows`` generated wines, red first, with the UCI columns plus ``type``."""
+    import pandas as pd
+
     if rows < 2:
         raise ValueError(f"rows must be at least 2 (one red, one white), got {rows!r}")
     rng = np.random.default_rng(seed)

@@ -38,6 +38,7 @@ train_lightning = _train_dag("train_lightning", probe=True)
 train_xgboost = _train_dag("train_xgboost", probe=True)
 # One real Ray Train worker (not local mode) so there is a worker process to kill.
 train_resume = _train_dag("train_resume", num_workers=1, checkpoint_every=1, max_failures=2)
+train_resume_xgboost = _train_dag("train_resume_xgboost", num_workers=1, checkpoint_every=5, max_failures=2)
 # A GPU compute spec on a cluster that has no GPU: the placement never comes.
 train_gpu_fallback = _train_dag(
     "train_gpu_fallback", ray_conn_id="ray_no_gpu", gpu_placement_timeout_s=3,

@@ -53,6 +53,27 @@ def test_split_assignment_same_rows_whatever_the_batching(frame):
     assert np.allclose(counts, FRACTIONS, atol=0.06)
 
 
+def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
+    from rayml.data import _hash_columns, _hash_key
+
+    texts = ["", "red", "white", "rosé", "x" * 7, "y" * 8, "z" * 9, "日本語", "a" * 100]
+    texts += [f"value-{index}-{'q' * (index % 23)}" for index in range(60)]
+    codes = np.array([*range(len(texts)), -1, 3, 0], dtype="int32")
+    floats = np.resize(np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.5, 1e300, -2.25]), len(codes))
+    for seed in (0, 5, 123):
+        expected = pd.util.hash_pandas_object(
+            pd.DataFrame({"a": floats, "b": pd.Categorical.from_codes(codes, categories=pd.Index(texts, dtype=object))}),
+            index=False, hash_key=_hash_key(seed)).to_numpy()
+        np.testing.assert_array_equal(_hash_columns([floats, (codes, texts)], seed), expected)
+
+
+def test_data_stage_module_imports_without_pandas():
+    code = "import sys, rayml.data; assert 'pandas' not in sys.modules, 'rayml.data imported pandas'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_split_assignment_other_seed_moves_rows(frame):
     assert (assign_splits(frame, HASHED, FRACTIONS, SEED) != assign_splits(frame, HASHED, FRACTIONS, SEED + 1)).any()
 
@@ -110,6 +131,8 @@ def test_preprocessor_json_with_wrong_format_is_refused():
         ({"label_range": [10, 0]}, "got [10, 0]"),
         ({"feature_columns": ["quality"]}, "must not contain the label column 'quality'"),
         ({"delimiter": "|"}, "got '|'"),
+        ({"engine": "spark"}, "engine must be one of ['auto', 'direct', 'ray_data'], got 'spark'"),
+        ({"direct_max_bytes": -1}, "direct_max_bytes must be an integer >= 0, got -1"),
     ],
 )
 def test_preprocess_spec_bad_value_is_quoted(fields, quoted):
@@ -214,14 +237,19 @@ def runs(ray_cluster, frame, tmp_path_factory):
     common = {"seed": SEED, "split": FRACTIONS, "label_range": [0, 10]}
     specs = {
         "uci": {"source": inputs["uci"], **common},
-        "csv_one_block": {"source": inputs["csv"], "override_num_blocks": 1, **common},
-        "csv_shards_many_blocks": {"source": inputs["shards"], "override_num_blocks": 8, **common},
+        "csv_one_block": {"source": inputs["csv"], "override_num_blocks": 1, "engine": "ray_data", **common},
+        "csv_shards_many_blocks": {"source": inputs["shards"], "override_num_blocks": 8, "engine": "ray_data", **common},
+        "csv_direct": {"source": inputs["csv"], **common},
+        "shards_direct": {"source": inputs["shards"], **common},
+        "uci_ray_data": {"source": inputs["uci"], "engine": "ray_data", **common},
+        "auto_over_size_one_node": {"source": inputs["csv"], "direct_max_bytes": 0, **common},
         "parquet": {"source": inputs["parquet"], **common},
         "nan_dropped": {"source": inputs["nan.csv"], "nan_policy": "drop", "seed": SEED},
         "minmax": {"source": inputs["csv"], "scaler": "minmax", "seed": SEED},
     }
     for name, (file, fields, _, _) in VALIDATION_CASES.items():
         specs[f"invalid_{name}"] = {"source": inputs[file], "seed": SEED, **fields}
+        specs[f"invalid_{name}_ray_data"] = {"source": inputs[file], "seed": SEED, "engine": "ray_data", **fields}
     for name, fields in specs.items():
         fields["artifact_dir"] = str(folder / "out" / name)
     (folder / "specs.json").write_text(json.dumps(specs))
@@ -252,6 +280,30 @@ def test_data_stage_same_input_and_seed_same_splits_whatever_blocks_and_files(ru
     assert one_block["rows"] == many["rows"] and sum(one_block["rows"].values()) == 600
     for name in ("train", "validation", "test"):
         pd.testing.assert_frame_equal(_split(one_block, name), _split(many, name))
+
+
+@pytest.mark.integration
+def test_data_stage_direct_and_ray_data_engines_write_the_same_splits_and_statistics(runs):
+    pairs = [("csv_direct", "csv_one_block"), ("shards_direct", "csv_shards_many_blocks"), ("uci", "uci_ray_data")]
+    for direct_name, ray_name in pairs:
+        direct, ray_data = _result(runs, direct_name), _result(runs, ray_name)
+        assert direct["rows"] == ray_data["rows"] and direct["fingerprint"] == ray_data["fingerprint"]
+        assert json.load(open(direct["profile_uri"]))["engine"]["name"] == "direct"
+        assert json.load(open(ray_data["profile_uri"]))["engine"]["name"] == "ray_data"
+        fitted = Preprocessor.load(direct["preprocessor_uri"]), Preprocessor.load(ray_data["preprocessor_uri"])
+        assert fitted[0].categories == fitted[1].categories
+        for column, stats in fitted[0].statistics.items():
+            assert fitted[1].statistics[column] == pytest.approx(stats, rel=1e-12)
+        for name in ("train", "validation", "test"):
+            pd.testing.assert_frame_equal(_split(direct, name), _split(ray_data, name))
+
+
+@pytest.mark.integration
+def test_data_stage_auto_engine_over_the_size_threshold_on_one_node_stays_direct(runs):
+    result = _result(runs, "auto_over_size_one_node")
+    engine = json.load(open(result["profile_uri"]))["engine"]
+    assert engine["name"] == "direct" and "the cluster has one node" in engine["reason"], engine
+    assert result["rows"] == _result(runs, "csv_one_block")["rows"]
 
 
 @pytest.mark.integration
@@ -315,10 +367,11 @@ def test_data_stage_nan_policy_drop_counts_the_dropped_rows(runs):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("engine", ["direct", "ray_data"])
 @pytest.mark.parametrize("case", sorted(VALIDATION_CASES))
-def test_data_stage_invalid_input_names_file_column_and_rows_and_writes_nothing(runs, case):
+def test_data_stage_invalid_input_names_file_column_and_rows_and_writes_nothing(runs, case, engine):
     file, _, message, sample = VALIDATION_CASES[case]
-    outcome = runs[f"invalid_{case}"]
+    outcome = runs[f"invalid_{case}" + ("_ray_data" if engine == "ray_data" else "")]
     assert "error" in outcome, f"{case} passed validation: {outcome}"
     error = outcome["error"]
     assert error.startswith("DataSourceError: ") and file in error and message in error, error

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from rayml import artifacts
@@ -69,6 +73,39 @@ def test_plan_workers_large_data_uses_the_compute_specs_workers_unless_told():
     workers, reason = plan_workers(TrainSpec(**DATA), cpu, 500_000)
     assert workers == 3 and "500000 training rows >= scale_out_min_rows=200000" in reason
     assert plan_workers(TrainSpec(**DATA, num_workers=1), cpu, 500_000)[0] == 1
+
+
+@pytest.mark.parametrize("config", [{"family": "xgboost", "num_boost_round": 20, "early_stopping_rounds": 0},
+                                    {"family": "lightning", "max_epochs": 3, "patience": 0, "hidden_sizes": [16]}])
+def test_local_mode_runs_in_process_without_ray(tmp_path, config):
+    """A wine-scale CPU run needs no Ray cluster: it neither connects to nor imports Ray."""
+    from tests.conftest import ROOT
+    from tests.train_data import write_splits
+
+    fields = write_splits(tmp_path / "splits", rows=1500, seed=3)
+    spec = {**fields, "artifact_dir": str(tmp_path / "train"), "config": config}
+    code = ("import json, sys; from rayml.specs import TrainSpec; from rayml.train import run_training; "
+            "result = run_training(TrainSpec.from_json(sys.argv[1])); "
+            "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'; "
+            "print(json.dumps(result.to_dict()))")
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "include")])
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    done_iterations = result["training"].get("rounds_run", result["training"].get("epochs_run"))
+    assert result["training"]["runner"] == "in_process" and done_iterations == (20 if config["family"] == "xgboost" else 3)
+    assert result["compute_used"]["local_mode"] is True and result["compute_used"]["num_workers"] == 0
+    card = json.loads((tmp_path / "train" / "model" / "model_card.json").read_text())
+    assert card["framework_versions"]["ray"] and card["metrics"] == result["metrics"]
+    assert result["metrics"]["test"]["rmse"] < result["baseline"]["test_rmse"]
+    model = load_model(str(tmp_path / "train" / "model"))
+    with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
+        predictions = saved["y_pred"]
+    test = pd.read_parquet(fields["test_uri"])
+    np.testing.assert_allclose(model.predict(test[fields["feature_columns"]].to_numpy(np.float32)), predictions,
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_run_name_differs_per_task_run_and_repeats_for_its_retries():

@@ -79,6 +79,7 @@ def test_train_lightning_with_probed_compute_beats_baseline_and_loads_outside_ra
     used = manifest["compute_used"]
     assert used["requested"]["reason"].startswith("the Ray cluster advertises no GPU")  # the probe's XCom
     assert used["local_mode"] is True and used["num_workers"] == 0  # right-sized: wine scale
+    assert manifest["training"]["runner"] == "in_process"  # local mode without Ray Train
 
 
 @pytest.mark.integration
@@ -100,26 +101,40 @@ def test_train_xgboost_with_tune_config_beats_baseline_and_loads_outside_ray(air
     assert (Path(manifest["model_dir"]) / "model.ubj").stat().st_size > 1000
     assert manifest["config"]["max_depth"] == 4 and "trial_id" not in manifest["config"]
     assert manifest["config"]["subsample"] == 0.8  # a default filled in
+    # Wine scale on CPU: Train's local mode, run in the job's process without Ray Train.
+    assert manifest["compute_used"]["local_mode"] is True and manifest["training"]["runner"] == "in_process"
 
 
-def _kill_first_worker_after_a_checkpoint(artifact_root: str, killed: list[int], stop: threading.Event) -> None:
-    """Wait for the rank-0 worker's pid file and two checkpoints, then SIGKILL that worker.
+def _registered_checkpoint(run: str) -> bool:
+    """Whether Ray Train's controller has registered a checkpoint of this run (not just received one).
 
-    A checkpoint directory appears while it is uploaded, before the controller registers it; once
-    the second exists, the first is registered (each report completes before the next epoch).
+    A checkpoint directory appears while the worker uploads it; the controller registers it only
+    when it next polls the worker, and records it in ``checkpoint_manager_snapshot.json``. XGBoost
+    reports several rounds between two polls, so only the snapshot says a restart can resume.
     """
+    for snapshot in glob.glob(os.path.join(run, "train_runs", "*", "checkpoint_manager_snapshot.json")):
+        try:
+            if json.loads(Path(snapshot).read_text()).get("latest_checkpoint_result"):
+                return True
+        except (OSError, json.JSONDecodeError):  # being written
+            continue
+    return False
+
+
+def _kill_first_worker_after_a_checkpoint(artifact_root: str, killed: list[int], stop: threading.Event,
+                                          dag_id: str = "train_resume") -> None:
+    """Wait for the rank-0 worker's pid file and a registered checkpoint, then SIGKILL that worker."""
     deadline = time.monotonic() + 240
     while not stop.is_set() and time.monotonic() < deadline:
-        runs = glob.glob(os.path.join(artifact_root, "train_resume", "*", "train"))
+        runs = glob.glob(os.path.join(artifact_root, dag_id, "*", "train"))
         for run in runs:
             pids = glob.glob(os.path.join(run, "workers", "rank0-pid*.json"))
-            checkpoints = glob.glob(os.path.join(run, "train_runs", "*", "checkpoint_*"))
-            if pids and len(checkpoints) >= 2:
+            if pids and _registered_checkpoint(run):
                 pid = json.loads(Path(pids[0]).read_text())["pid"]
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
                 return
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 @pytest.mark.integration
@@ -145,6 +160,30 @@ def test_train_worker_killed_mid_run_resumes_from_checkpoint_and_succeeds(airflo
     assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
 
 
+@pytest.mark.integration
+def test_train_xgboost_worker_killed_mid_run_resumes_from_the_saved_booster(airflow_db, ray_conn, splits,
+                                                                           artifact_root):
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_first_worker_after_a_checkpoint,
+                              args=(artifact_root, killed, stop, "train_resume_xgboost"))
+    killer.start()
+    try:
+        config = {"family": "xgboost", "num_boost_round": 400, "early_stopping_rounds": 0, "max_depth": 4}
+        dag_run = _run("train_resume_xgboost", splits, config)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "the test never saw a worker and a checkpoint to kill"
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "train")
+    training = manifest["training"]
+    assert training["runner"] == "ray_train" and training["restarts"] >= 1
+    assert training["resumed_from_round"] and training["resumed_from_round"] >= 5
+    assert training["rounds_run"] == 400
+    assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
+
+
 @pytest.fixture(scope="module")
 def no_gpu_cluster(airflow_db):
     """A head that advertises no GPU at all, whatever the machine has."""
@@ -162,6 +201,7 @@ def test_train_gpu_spec_without_gpu_falls_back_to_cpu_within_timeout(no_gpu_clus
     assert used["gpu_fallback"] is True and used["use_gpu"] is False and used["device"] == "cpu"
     assert "gpu_placement_timeout_s=3" in used["fallback_reason"]
     assert used["requested"]["use_gpu"] is True
+    assert manifest["training"]["runner"] == "ray_train"  # one CPU worker after the fallback
     card = json.loads((Path(manifest["model_dir"]) / "model_card.json").read_text())
     assert card["compute"]["gpu_fallback"] is True
     assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
