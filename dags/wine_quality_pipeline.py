@@ -37,7 +37,7 @@ from operators.gpu_probe import GPUProbeOperator
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator
+from operators.ray_train import RayTrainOperator, preprocessed_inputs
 from operators.ray_tune import RayTuneOperator
 
 DEMO_ROWS = 6497  # the size of the published data set
@@ -145,14 +145,7 @@ with DAG(
         task_id="train",
         config="{{ ti.xcom_pull('tune')['best_config'] }}",  # family, scaler and hyperparameters
         compute="{{ ti.xcom_pull('probe') }}",
-        train_uri="{{ %s['split_uris']['train'] }}" % SPLITS,
-        validation_uri="{{ %s['split_uris']['validation'] }}" % SPLITS,
-        test_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
-        feature_columns="{{ %s['feature_columns'] }}" % SPLITS,
-        label_column="{{ params.label_column }}",
-        preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
-        preprocessor_variants="{{ %s['preprocessor_variants'] }}" % SPLITS,
-        data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
+        **preprocessed_inputs("preprocess"),  # splits, columns, preprocessor(s), fingerprint
         num_workers="{{ params.train_workers }}",
         placement_strategy="{{ params.placement_strategy }}",
         doc_md="Train the best config on Ray Train; the XCom holds the model directory, its version and "

@@ -28,6 +28,23 @@ def _structured(name: str, value: Any) -> Any:
     )
 
 
+def preprocessed_inputs(task_id: str = "preprocess") -> dict[str, str]:
+    """RayTrainOperator's data arguments as templates on a RayDataPreprocessOperator task's XCom.
+
+    ``RayTrainOperator(task_id="train", config=..., **preprocessed_inputs("preprocess"))`` in a DAG
+    with ``render_template_as_native_obj=True``: the splits, feature and label columns, the
+    preprocessor (and its variants, for a config that names another scaler) and the fingerprint.
+    """
+    xcom = f"ti.xcom_pull({task_id!r})"
+    fields = {
+        "train_uri": "['split_uris']['train']", "validation_uri": "['split_uris']['validation']",
+        "test_uri": "['split_uris']['test']", "feature_columns": "['feature_columns']",
+        "label_column": "['label_column']", "preprocessor_uri": "['preprocessor_uri']",
+        "preprocessor_variants": ".get('preprocessor_variants')", "data_fingerprint": "['fingerprint']",
+    }
+    return {name: "{{ %s%s }}" % (xcom, path) for name, path in fields.items()}
+
+
 class RayTrainOperator(RayJobOperator):
     """Train a model on Ray Train (``rayml.train``) and return its manifest as the XCom.
 

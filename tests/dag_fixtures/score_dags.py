@@ -9,10 +9,9 @@ from airflow.sdk import DAG
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_score import RayBatchScoreOperator
-from operators.ray_train import RayTrainOperator
+from operators.ray_train import RayTrainOperator, preprocessed_inputs
 
 START = datetime(2026, 1, 1)
-SPLITS = "ti.xcom_pull('preprocess')"
 
 with DAG(dag_id="score_model", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True):
@@ -25,12 +24,7 @@ with DAG(dag_id="score_model", schedule=None, start_date=START, catchup=False,
                                spec={"rows": 700, "seed": 99, "file_format": "uci", "with_label": False})
     train = RayTrainOperator(
         task_id="train", config={"family": "xgboost", "num_boost_round": 20}, poll_interval_s=0.3,
-        train_uri="{{ %s['split_uris']['train'] }}" % SPLITS,
-        validation_uri="{{ %s['split_uris']['validation'] }}" % SPLITS,
-        test_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
-        feature_columns="{{ %s['feature_columns'] }}" % SPLITS,
-        preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
-        data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
+        **preprocessed_inputs("preprocess"),
     )
     data >> preprocess >> train
 

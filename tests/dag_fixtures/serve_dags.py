@@ -9,10 +9,9 @@ from airflow.sdk import DAG
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator
+from operators.ray_train import RayTrainOperator, preprocessed_inputs
 
 START = datetime(2026, 1, 1)
-SPLITS = "ti.xcom_pull('preprocess')"
 # Quality by construction: one shallow round learns almost nothing; more rounds learn more.
 MODELS = {
     "worse": {"family": "xgboost", "num_boost_round": 1, "eta": 0.05, "max_depth": 2},
@@ -28,13 +27,7 @@ with DAG(dag_id="serve_models", schedule=None, start_date=START, catchup=False,
                                            poll_interval_s=0.3)
     trains = [
         RayTrainOperator(
-            task_id=f"train_{name}", config=config, poll_interval_s=0.3,
-            train_uri="{{ %s['split_uris']['train'] }}" % SPLITS,
-            validation_uri="{{ %s['split_uris']['validation'] }}" % SPLITS,
-            test_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
-            feature_columns="{{ %s['feature_columns'] }}" % SPLITS,
-            preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
-            data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
+            task_id=f"train_{name}", config=config, poll_interval_s=0.3, **preprocessed_inputs("preprocess"),
         )
         for name, config in MODELS.items()
     ]

@@ -14,7 +14,7 @@ from airflow.sdk import DAG
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator
+from operators.ray_train import RayTrainOperator, preprocessed_inputs
 from operators.ray_tune import RayTuneOperator
 
 START = datetime(2026, 1, 1)
@@ -36,14 +36,7 @@ with DAG(dag_id="ray_ml_page_serve", schedule=None, start_date=START, catchup=Fa
     )
     train = RayTrainOperator(
         task_id="train", config="{{ ti.xcom_pull('tune')['best_config'] }}",
-        preprocessor_variants="{{ %s['preprocessor_variants'] }}" % SPLITS,
-        poll_interval_s=0.3,
-        train_uri="{{ %s['split_uris']['train'] }}" % SPLITS,
-        validation_uri="{{ %s['split_uris']['validation'] }}" % SPLITS,
-        test_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
-        feature_columns="{{ %s['feature_columns'] }}" % SPLITS,
-        preprocessor_uri="{{ %s['preprocessor_uri'] }}" % SPLITS,
-        data_fingerprint="{{ %s['fingerprint'] }}" % SPLITS,
+        poll_interval_s=0.3, **preprocessed_inputs("preprocess"),
     )
     deploy = RayServeDeployOperator(
         task_id="deploy", model="{{ ti.xcom_pull('train') }}",

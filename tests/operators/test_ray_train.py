@@ -264,3 +264,27 @@ def test_train_operator_template_fields_name_its_arguments():
     for name in RayTrainOperator.template_fields:
         assert hasattr(operator, name), name
     assert {"compute", "config", "feature_columns", "train_uri"} <= set(RayTrainOperator.template_fields)
+
+
+def test_preprocessed_inputs_render_every_data_argument_from_the_preprocess_xcom():
+    from jinja2.nativetypes import NativeEnvironment
+
+    from operators.ray_train import RayTrainOperator, preprocessed_inputs
+
+    manifest = {"split_uris": {"train": "/a/train", "validation": "/a/validation", "test": "/a/test"},
+                "feature_columns": ["alcohol", "pH"], "label_column": "quality", "preprocessor_uri": "/a/p.json",
+                "preprocessor_variants": {"minmax": "/a/minmax.json"}, "fingerprint": "sha256:ab"}
+
+    class TI:
+        def xcom_pull(self, task_id):
+            assert task_id == "prep"
+            return manifest
+
+    templates = preprocessed_inputs("prep")
+    assert set(templates) <= set(RayTrainOperator.template_fields)  # every one is rendered
+    env = NativeEnvironment()
+    rendered = {name: env.from_string(text).render(ti=TI()) for name, text in templates.items()}
+    assert rendered == {"train_uri": "/a/train", "validation_uri": "/a/validation", "test_uri": "/a/test",
+                        "feature_columns": ["alcohol", "pH"], "label_column": "quality",
+                        "preprocessor_uri": "/a/p.json", "preprocessor_variants": {"minmax": "/a/minmax.json"},
+                        "data_fingerprint": "sha256:ab"}
