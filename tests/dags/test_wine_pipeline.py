@@ -112,6 +112,23 @@ def test_batch_scoring_dag_scores_new_wines_with_the_served_model(airflow_db, ra
     assert "quality" not in scored.columns
 
 
+def test_a_champion_from_other_data_is_scored_live_on_the_new_test_split(airflow_db, ray_conn):
+    serve_url = json.loads(os.environ["AIRFLOW_CONN_RAY_DEFAULT"])["extra"]["serve_url"]
+    card = requests.get(f"{serve_url}/wine/metadata", timeout=10).json()
+    # other data (another demo seed: another fingerprint), and a deliberately worse search again
+    worse = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
+    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 5, tzinfo=timezone.utc),
+                   **{**ONE_TRIAL, "demo_seed": 2, "search_space": worse})
+    states = _states(dag_run)
+    assert states["deploy"] == "skipped", states
+    assert _xcom(dag_run, "preprocess")["fingerprint"] != card["data_fingerprint"]
+    decision = _xcom(dag_run, "deploy", key="decision")
+    assert decision["champion_version"] == card["model_version"]
+    # the champion's metric was measured over HTTP on this run's test split, not read from its card
+    assert decision["champion"] != pytest.approx(card["metrics"]["test"]["rmse"], abs=1e-9)
+    assert 0.3 < decision["champion"] < decision["challenger"]
+
+
 def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray_conn, monkeypatch, tmp_path):
     from rayml.localcluster import free_port
 
