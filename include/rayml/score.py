@@ -177,7 +177,8 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
         dataset = ray.data.read_parquet(paths, filesystem=filesystem)
         names = dataset.schema().names
     else:
-        header = _head(files[0]).splitlines()[0] if _head(files[0]).strip() else ""
+        head = _head(files[0])
+        header = head.splitlines()[0] if head.strip() else ""
         if not header:
             raise DataSourceError(f"{files[0]!r} is empty: give a file with a header row and data rows")
         delimiter = detect_delimiter(header)

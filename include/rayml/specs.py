@@ -177,6 +177,11 @@ class ComputeSpec(JsonDataclass):
         return f"{where} - {self.reason} (decided in {self.decided_in_s:.2f} s)"
 
 
+def default_compute() -> dict[str, Any]:
+    """The compute spec a stage uses when it is given none: one CPU worker."""
+    return ComputeSpec.cpu("default: no compute spec given").to_dict()
+
+
 @dataclasses.dataclass
 class ProbeSpec(StageSpec):
     """Spec of the ``probe`` stage: check advertised GPUs with a real CUDA smoke test.
@@ -482,9 +487,7 @@ class TrainSpec(StageSpec):
     preprocessor_variants: dict[str, str] | None = None
     data_fingerprint: str = ""
     config: dict[str, Any] = dataclasses.field(default_factory=lambda: {"family": "lightning"})
-    compute: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: ComputeSpec.cpu("default: no compute spec given").to_dict()
-    )
+    compute: dict[str, Any] = dataclasses.field(default_factory=default_compute)
     num_workers: int | None = None
     scale_out_min_rows: int = 200_000
     gpu_placement_timeout_s: float = 60.0
@@ -684,9 +687,7 @@ class TuneSpec(StageSpec):
     num_samples: int = 16
     max_concurrent_trials: int | None = None
     cpus_per_trial: float | None = None
-    compute: dict[str, Any] = dataclasses.field(
-        default_factory=lambda: ComputeSpec.cpu("default: no compute spec given").to_dict()
-    )
+    compute: dict[str, Any] = dataclasses.field(default_factory=default_compute)
     time_budget_s: float | None = None
     reports_per_trial: int = 10
     asha_grace_period: int = 1

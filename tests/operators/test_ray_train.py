@@ -137,18 +137,25 @@ def _kill_first_worker_after_a_checkpoint(artifact_root: str, killed: list[int],
         time.sleep(0.05)
 
 
-@pytest.mark.integration
-def test_train_worker_killed_mid_run_resumes_from_checkpoint_and_succeeds(airflow_db, ray_conn, splits, artifact_root):
+def _run_killing_a_worker(dag_id: str, splits: dict, config: dict, artifact_root: str):
+    """Run ``dag_id`` while a thread SIGKILLs its first training worker after a checkpoint; return
+    the run and the pids killed."""
     killed: list[int] = []
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_first_worker_after_a_checkpoint, args=(artifact_root, killed, stop))
+    killer = threading.Thread(target=_kill_first_worker_after_a_checkpoint,
+                              args=(artifact_root, killed, stop, dag_id))
     killer.start()
     try:
-        config = {"family": "lightning", "hidden_sizes": [32, 16], "max_epochs": 12, "patience": 0}
-        dag_run = _run("train_resume", splits, config)
+        return _run(dag_id, splits, config), killed
     finally:
         stop.set()
         killer.join()
+
+
+@pytest.mark.integration
+def test_train_worker_killed_mid_run_resumes_from_checkpoint_and_succeeds(airflow_db, ray_conn, splits, artifact_root):
+    config = {"family": "lightning", "hidden_sizes": [32, 16], "max_epochs": 12, "patience": 0}
+    dag_run, killed = _run_killing_a_worker("train_resume", splits, config, artifact_root)
     assert killed, "the test never saw a worker and a checkpoint to kill"
     assert dag_run.state == "success"
     manifest = _xcom(dag_run, "train")
@@ -163,17 +170,8 @@ def test_train_worker_killed_mid_run_resumes_from_checkpoint_and_succeeds(airflo
 @pytest.mark.integration
 def test_train_xgboost_worker_killed_mid_run_resumes_from_the_saved_booster(airflow_db, ray_conn, splits,
                                                                            artifact_root):
-    killed: list[int] = []
-    stop = threading.Event()
-    killer = threading.Thread(target=_kill_first_worker_after_a_checkpoint,
-                              args=(artifact_root, killed, stop, "train_resume_xgboost"))
-    killer.start()
-    try:
-        config = {"family": "xgboost", "num_boost_round": 400, "early_stopping_rounds": 0, "max_depth": 4}
-        dag_run = _run("train_resume_xgboost", splits, config)
-    finally:
-        stop.set()
-        killer.join()
+    config = {"family": "xgboost", "num_boost_round": 400, "early_stopping_rounds": 0, "max_depth": 4}
+    dag_run, killed = _run_killing_a_worker("train_resume_xgboost", splits, config, artifact_root)
     assert killed, "the test never saw a worker and a checkpoint to kill"
     assert dag_run.state == "success"
     manifest = _xcom(dag_run, "train")
