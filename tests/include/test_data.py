@@ -74,6 +74,71 @@ def test_data_stage_module_imports_without_pandas():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+FRESH_RUN = """
+import json, sys
+from rayml.data import run_preprocess
+from rayml.specs import PreprocessSpec
+outcomes = {}
+for name, fields in json.loads(sys.argv[1]).items():
+    try:
+        run_preprocess(PreprocessSpec(**fields))
+        outcomes[name] = "ok"
+    except Exception as err:
+        outcomes[name] = f"{type(err).__name__}: {err}"
+    outcomes[name + " imported"] = sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules)
+print(json.dumps(outcomes))
+"""
+
+
+def test_direct_engine_in_a_fresh_process_needs_neither_pandas_nor_pyarrow_compute(frame, tmp_path):
+    """The job's driver skips both imports (~0.2 s of a small stage) and still gets pandas when a
+    slow path needs it: here a Parquet file whose numeric column holds text."""
+    frame.to_csv(tmp_path / "wine.csv", index=False)
+    text = frame.head(40).astype({"alcohol": str})
+    text.loc[7, "alcohol"] = "twelve"
+    text.to_parquet(tmp_path / "text.parquet", index=False)
+    specs = {"csv": {"source": [str(tmp_path / "wine.csv")], "artifact_dir": str(tmp_path / "out-csv"), "seed": SEED},
+             "text": {"source": [str(tmp_path / "text.parquet")], "artifact_dir": str(tmp_path / "out-text"),
+                      "categorical_columns": [wine.TYPE_COLUMN]}}  # else a text column is categorical
+    done = subprocess.run([sys.executable, "-c", FRESH_RUN, json.dumps(specs)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcomes["csv"] == "ok" and outcomes["csv imported"] == []
+    assert "'alcohol' must be numeric" in outcomes["text"] and "twelve" in outcomes["text"]
+    assert "pandas" in outcomes["text imported"]
+    from rayml.data import run_preprocess
+
+    here = run_preprocess(PreprocessSpec(**{**specs["csv"], "artifact_dir": str(tmp_path / "here")}))
+    for split in ("train", "validation", "test"):
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "out-csv" / "splits" / f"split={split}"),
+                                      pd.read_parquet(here.split_uris[split]))
+
+
+def test_dictionary_codes_unify_chunks_with_their_own_dictionaries():
+    import pyarrow as pa
+
+    from rayml.data import _dictionary_codes
+
+    first = pa.DictionaryArray.from_arrays(pa.array([1, 0, None, 1], pa.int32()), pa.array(["red", "white"]))
+    second = pa.DictionaryArray.from_arrays(pa.array([0, 1, 1], pa.int32()), pa.array(["white", "rosé"]))
+    codes, values = _dictionary_codes(pa.chunked_array([first, second]))
+    decoded = [values[code] if code >= 0 else None for code in codes]
+    assert decoded == ["white", "red", None, "white", "white", "rosé", "rosé"]
+    assert codes.dtype == np.int32 and sorted(values) == ["red", "rosé", "white"]
+
+
+def test_take_rows_equals_fancy_indexing_in_column_major_order():
+    from rayml.data import take_rows
+
+    numeric = np.asfortranarray(np.random.default_rng(3).normal(size=(500, 6)))
+    mask = np.random.default_rng(4).random(500) < 0.3
+    for rows in (mask, np.flatnonzero(mask)):
+        taken = take_rows(numeric, rows)
+        np.testing.assert_array_equal(taken, numeric[mask])
+        assert taken.flags.f_contiguous
+
+
 def test_split_assignment_other_seed_moves_rows(frame):
     assert (assign_splits(frame, HASHED, FRACTIONS, SEED) != assign_splits(frame, HASHED, FRACTIONS, SEED + 1)).any()
 
