@@ -41,12 +41,13 @@ from tests.train_data import write_splits  # noqa: E402
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
-def plain(family: str, fields: dict, iterations: int) -> tuple[float, float]:
+def plain(family: str, fields: dict, iterations: int, batch_size: int | None = None) -> tuple[float, float]:
     splits = {name: fields[f"{name}_uri"] for name in ("train", "validation", "test")}
     started = time.monotonic()
     output = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "plain_train.py"), "--family", family, "--splits", json.dumps(splits),
-         "--features", json.dumps(fields["feature_columns"]), "--iterations", str(iterations)],
+         "--features", json.dumps(fields["feature_columns"]), "--iterations", str(iterations),
+         *(["--batch-size", str(batch_size)] if batch_size else [])],
         capture_output=True, text=True, check=True,
     ).stdout
     return time.monotonic() - started, json.loads(output.strip().splitlines()[-1])["test_rmse"]
@@ -178,9 +179,12 @@ def main() -> None:
                 "lightning": {"family": "lightning", "max_epochs": args.large_epochs, "patience": 0, "batch_size": 1024},
                 "xgboost": {"family": "xgboost", "num_boost_round": args.large_rounds, "early_stopping_rounds": 0},
             }
+            # What the probe plans on one 2-CPU node: one CPU worker (so auto trains in the job's process).
+            one_node = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 1, "cpus_per_worker": 1.0,
+                        "accelerator": "cpu", "reason": "bench: the probe's plan on one 2-CPU node"}
             for family, config in large_families.items():
                 iterations = config.get("max_epochs") or config["num_boost_round"]
-                plain_s, plain_rmse = plain(family, large, iterations) if family == "xgboost" else (None, None)
+                plain_s, plain_rmse = plain(family, large, iterations, config.get("batch_size"))
                 one_s = None
                 for workers in (1, 2):
                     manifest_s, end_s, rmse, _ = stage(client, work, large, config, compute=compute,
@@ -188,8 +192,11 @@ def main() -> None:
                     one_s = one_s or manifest_s
                     rows.append((f"{family} x100 stage {workers} worker(s) x 0.5 CPU, Ray Data", manifest_s, end_s,
                                  manifest_s / one_s, f"rmse {rmse:.4f}"))
-                if plain_s is not None:
-                    rows.append((f"{family} x100 plain script", plain_s, plain_s, plain_s / one_s, f"rmse {plain_rmse:.4f}"))
+                manifest_s, end_s, rmse, result = stage(client, work, large, config, compute=one_node)
+                rows.append((f"{family} x100 stage auto (probe plan: 1 CPU worker)", manifest_s, end_s,
+                             manifest_s / one_s, f"rmse {rmse:.4f}; runner {result['training'].get('runner')}; "
+                             f"{manifest_s / plain_s:.2f}x plain"))
+                rows.append((f"{family} x100 plain script", plain_s, plain_s, plain_s / one_s, f"rmse {plain_rmse:.4f}"))
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -199,7 +206,7 @@ def main() -> None:
     for name, manifest_s, end_s, ratio, note in rows:
         ratio_text = "-" if ratio is None else f"{ratio:.2f}x"
         print(f"{name:58} {manifest_s:13.1f} {end_s:12.1f} {ratio_text:>7}  {note}")
-    print("\nratio: wine scale vs the plain script of the same family; x100: vs the 1-worker stage. Wine scale: "
+    print("\nratio: wine scale vs the plain script of the same family; x100: vs the 1-worker Ray Data stage. Wine scale: "
           f"median of {args.repeats} run(s), interleaved.")
     if fixed:
         print(f"job fixed cost (medians of 3): submit -> RUNNING {fixed['to_running']:.2f} s (python -c pass); driver "

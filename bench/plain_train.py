@@ -24,7 +24,8 @@ def _arrays(path: str, features: list[str], label: str):
     return frame[features].to_numpy(np.float32), frame[label].to_numpy(np.float32)
 
 
-def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, seed: int) -> np.ndarray:
+def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, seed: int,
+                    batch_size: int | None = None) -> np.ndarray:
     import pytorch_lightning as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -35,7 +36,7 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     pl.seed_everything(seed, verbose=False)
     torch.set_num_threads(1)
     (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
-    config = {**LIGHTNING_DEFAULTS, "max_epochs": epochs}
+    config = {**LIGHTNING_DEFAULTS, "max_epochs": epochs, "batch_size": batch_size or LIGHTNING_DEFAULTS["batch_size"]}
     module = lightning_module(config, len(features), float(train_y.mean()))
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -48,7 +49,7 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
         return module.model.eval()(torch.from_numpy(test_x)).numpy()
 
 
-def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int) -> np.ndarray:
+def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int, batch_size=None) -> np.ndarray:
     import xgboost
 
     from rayml.specs import XGBOOST_DEFAULTS
@@ -71,10 +72,11 @@ def main() -> None:
     parser.add_argument("--label", default="quality")
     parser.add_argument("--iterations", type=int, required=True, help="epochs or boosting rounds")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--batch-size", type=int, help="Lightning batch size (default: the stage's default)")
     args = parser.parse_args()
     splits, features = json.loads(args.splits), json.loads(args.features)
     run = plain_lightning if args.family == "lightning" else plain_xgboost
-    predictions = run(splits, features, args.label, args.iterations, args.seed)
+    predictions = run(splits, features, args.label, args.iterations, args.seed, args.batch_size)
     test_y = pd.read_parquet(splits["test"], columns=[args.label])[args.label].to_numpy(np.float64)
     rmse = float(np.sqrt(np.mean((predictions - test_y) ** 2)))
     print(json.dumps({"family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED}))

@@ -74,6 +74,8 @@ class RayTrainOperator(RayJobOperator):
         with ``render_template_as_native_obj=True``; default: one CPU worker. (templated)
     :param num_workers: Ray Train workers; 0 is Train's local mode; None sizes from the data. (templated)
     :param scale_out_min_rows: training rows from which the compute spec's workers are used. (templated)
+    :param direct_max_bytes: largest in-memory size of the splits that a one-worker CPU plan
+        trains in the job's process (see ``rayml.specs.TrainSpec``). (templated)
     :param gpu_placement_timeout_s: wait this long for the GPU workers' placement, then train on
         CPU and record the fallback. (templated)
     :param max_failures: worker failures recovered from the last checkpoint. (templated)
@@ -88,7 +90,7 @@ class RayTrainOperator(RayJobOperator):
         *RayJobOperator.template_fields,
         "train_uri", "validation_uri", "test_uri", "feature_columns", "label_column", "preprocessor_uri",
         "preprocessor_variants", "data_fingerprint", "family", "config", "compute", "num_workers", "scale_out_min_rows",
-        "gpu_placement_timeout_s", "max_failures", "checkpoint_every", "data_loading", "seed",
+        "direct_max_bytes", "gpu_placement_timeout_s", "max_failures", "checkpoint_every", "data_loading", "seed",
         "placement_strategy",
     )
     template_fields_renderers = {**RayJobOperator.template_fields_renderers, "config": "json", "compute": "json"}
@@ -110,6 +112,7 @@ class RayTrainOperator(RayJobOperator):
         compute: dict[str, Any] | str | None = None,
         num_workers: int | None = None,
         scale_out_min_rows: int = 200_000,
+        direct_max_bytes: int = 2 * 1024**3,
         gpu_placement_timeout_s: float = 60.0,
         max_failures: int = 2,
         checkpoint_every: int = 0,
@@ -132,6 +135,7 @@ class RayTrainOperator(RayJobOperator):
         self.compute = compute
         self.num_workers = num_workers
         self.scale_out_min_rows = scale_out_min_rows
+        self.direct_max_bytes = direct_max_bytes
         self.gpu_placement_timeout_s = gpu_placement_timeout_s
         self.max_failures = max_failures
         self.checkpoint_every = checkpoint_every
@@ -151,7 +155,7 @@ class RayTrainOperator(RayJobOperator):
             "preprocessor_variants": _structured("preprocessor_variants", self.preprocessor_variants or None) or None,
             "data_fingerprint": self.data_fingerprint or "", "config": config,
             "num_workers": None if self.num_workers in (None, "", "None") else int(self.num_workers),
-            "scale_out_min_rows": int(self.scale_out_min_rows),
+            "scale_out_min_rows": int(self.scale_out_min_rows), "direct_max_bytes": int(self.direct_max_bytes),
             "gpu_placement_timeout_s": float(self.gpu_placement_timeout_s),
             "max_failures": int(self.max_failures), "checkpoint_every": int(self.checkpoint_every),
             "data_loading": self.data_loading, "seed": int(self.seed),

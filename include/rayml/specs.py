@@ -461,8 +461,12 @@ class TrainSpec(StageSpec):
     :param num_workers: Ray Train workers; 0 runs Train's local mode (the loop runs in the job's
         own process: no actor start-up, but no worker to restart from a checkpoint either). None
         sizes from the data: below ``scale_out_min_rows`` training rows local mode on CPU and one
-        worker on GPU, from there the compute spec's ``num_workers``.
+        worker on GPU; from there the compute spec's ``num_workers``, except that a CPU plan of
+        one worker trains in the job's process while the splits fit in ``direct_max_bytes``.
     :param scale_out_min_rows: training rows from which the stage uses the compute spec's workers.
+    :param direct_max_bytes: the largest in-memory size of the three splits (rows x columns x 8
+        bytes) that a one-worker CPU plan trains in the job's process rather than on one Ray
+        Train worker fed by Ray Data, which on one node only adds their start-up.
     :param gpu_placement_timeout_s: how long to wait for the GPU workers' placement before
         training on CPU instead.
     :param max_failures: worker failures Ray Train recovers from (from the last checkpoint).
@@ -470,7 +474,8 @@ class TrainSpec(StageSpec):
         0: every epoch, or every tenth of the rounds.
     :param data_loading: ``ray_data`` (the splits as Ray Datasets, sharded by Ray Train),
         ``direct`` (each worker reads the Parquet files with pyarrow: no Ray Data start-up), or
-        ``auto``: ``ray_data`` from ``scale_out_min_rows`` training rows, ``direct`` below.
+        ``auto``: ``ray_data`` for Ray Train workers from ``scale_out_min_rows`` training rows,
+        ``direct`` otherwise.
     :param seed: the random seed; the same seed gives the same metrics on CPU.
     :param placement_strategy: how Ray places the workers: ``PACK`` (fewest nodes, the default),
         ``SPREAD`` or ``STRICT_SPREAD`` (one worker per node), as in Ray Train's ``ScalingConfig``.
@@ -490,6 +495,7 @@ class TrainSpec(StageSpec):
     compute: dict[str, Any] = dataclasses.field(default_factory=default_compute)
     num_workers: int | None = None
     scale_out_min_rows: int = 200_000
+    direct_max_bytes: int = 2 * 1024**3
     gpu_placement_timeout_s: float = 60.0
     max_failures: int = 2
     checkpoint_every: int = 0
@@ -523,6 +529,7 @@ class TrainSpec(StageSpec):
         if self.num_workers is not None:
             require_int_range("TrainSpec", "num_workers", self.num_workers, 0)
         require_int_range("TrainSpec", "scale_out_min_rows", self.scale_out_min_rows, 1)
+        require_int_range("TrainSpec", "direct_max_bytes", self.direct_max_bytes, 0)
         require_int_range("TrainSpec", "max_failures", self.max_failures, -1)
         require_int_range("TrainSpec", "checkpoint_every", self.checkpoint_every, 0)
         require_int_range("TrainSpec", "seed", self.seed, 0)

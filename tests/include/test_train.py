@@ -75,6 +75,15 @@ def test_plan_workers_large_data_uses_the_compute_specs_workers_unless_told():
     assert plan_workers(TrainSpec(**DATA, num_workers=1), cpu, 500_000)[0] == 1
 
 
+def test_plan_workers_one_cpu_worker_on_large_data_trains_in_process_while_the_splits_fit():
+    one = ComputeSpec.cpu("cpu", num_workers=1)
+    workers, reason = plan_workers(TrainSpec(**DATA), one, 500_000, 100 * 2**20)
+    assert workers == 0 and "plans one CPU worker and the splits (100 MiB in memory) fit" in reason
+    assert plan_workers(TrainSpec(**DATA, direct_max_bytes=50 * 2**20), one, 500_000, 100 * 2**20)[0] == 1
+    assert plan_workers(TrainSpec(**DATA, compute={**GPU, "num_workers": 1}), ComputeSpec.from_dict(
+        {**GPU, "num_workers": 1}), 500_000, 100 * 2**20)[0] == 1  # a GPU needs a worker
+
+
 @pytest.mark.parametrize("config", [{"family": "xgboost", "num_boost_round": 20, "early_stopping_rounds": 0},
                                     {"family": "lightning", "max_epochs": 3, "patience": 0, "hidden_sizes": [16]}])
 def test_local_mode_runs_in_process_without_ray(tmp_path, config):
@@ -83,7 +92,8 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     from tests.train_data import write_splits
 
     fields = write_splits(tmp_path / "splits", rows=1500, seed=3)
-    spec = {**fields, "artifact_dir": str(tmp_path / "train"), "config": config}
+    # Over scale_out_min_rows with the default compute (one CPU worker): still in-process.
+    spec = {**fields, "artifact_dir": str(tmp_path / "train"), "config": config, "scale_out_min_rows": 500}
     code = ("import json, sys; from rayml.specs import TrainSpec; from rayml.train import run_training; "
             "result = run_training(TrainSpec.from_json(sys.argv[1])); "
             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'; "
@@ -97,6 +107,7 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     done_iterations = result["training"].get("rounds_run", result["training"].get("epochs_run"))
     assert result["training"]["runner"] == "in_process" and done_iterations == (20 if config["family"] == "xgboost" else 3)
     assert result["compute_used"]["local_mode"] is True and result["compute_used"]["num_workers"] == 0
+    assert "plans one CPU worker" in result["compute_used"]["sizing_reason"]
     card = json.loads((tmp_path / "train" / "model" / "model_card.json").read_text())
     assert card["framework_versions"]["ray"] and card["metrics"] == result["metrics"]
     assert result["metrics"]["test"]["rmse"] < result["baseline"]["test_rmse"]
