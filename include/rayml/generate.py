@@ -55,4 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable module, not this __main__ copy of it: Ray pickles the functions of an
+    # importable module by reference, but those of __main__ by value, with every global they use.
+    from rayml import generate as stage_module
+
+    sys.exit(stage_module.main())

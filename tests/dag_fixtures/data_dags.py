@@ -1,4 +1,4 @@
-"""A small DAG for the data stage: generate the demo data, then preprocess it on Ray Data."""
+"""A small DAG for the data stage: generate the demo data, then preprocess it with each engine."""
 
 from __future__ import annotations
 
@@ -14,4 +14,6 @@ with DAG(dag_id="data_preprocess", schedule=None, start_date=datetime(2026, 1, 1
                                poll_interval_s=0.3)
     preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=5,
                                            poll_interval_s=0.3)  # source: demo_data's data_uris
-    demo_data >> preprocess
+    preprocess_ray_data = RayDataPreprocessOperator(task_id="preprocess_ray_data", label_range=[0, 10], seed=5,
+                                                    engine="ray_data", poll_interval_s=0.3)
+    demo_data >> [preprocess, preprocess_ray_data]

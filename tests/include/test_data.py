@@ -461,6 +461,14 @@ def test_preprocess_operator_in_dag_test_returns_manifest_as_xcom(airflow_db, ra
     assert "type=red" in manifest["feature_columns"]
     assert Preprocessor.load(manifest["preprocessor_uri"]).scaler == "standard"
     assert len(pd.read_parquet(manifest["split_uris"]["train"])) == manifest["rows"]["train"]
+    # The Ray Data engine inside a real job (``python -m rayml.data``): its tasks must unpickle on
+    # the workers, and it writes what the direct engine writes.
+    on_ray_data = _xcom(dag_run, "preprocess_ray_data")
+    assert on_ray_data["status"] == "succeeded" and on_ray_data["rows"] == manifest["rows"]
+    assert json.loads(open(on_ray_data["profile_uri"]).read())["engine"]["name"] == "ray_data"
+    for split in ("train", "test"):
+        direct, ray_data = (_split(result, split) for result in (manifest, on_ray_data))
+        pd.testing.assert_frame_equal(direct, ray_data, check_dtype=False)
 
 
 @pytest.mark.integration
