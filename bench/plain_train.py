@@ -49,7 +49,7 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
         return module.model.eval()(torch.from_numpy(test_x)).numpy()
 
 
-def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int, batch_size=None) -> np.ndarray:
+def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int) -> np.ndarray:
     import xgboost
 
     from rayml.specs import XGBOOST_DEFAULTS
@@ -75,8 +75,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="Lightning batch size (default: the stage's default)")
     args = parser.parse_args()
     splits, features = json.loads(args.splits), json.loads(args.features)
-    run = plain_lightning if args.family == "lightning" else plain_xgboost
-    predictions = run(splits, features, args.label, args.iterations, args.seed, args.batch_size)
+    if args.family == "lightning":
+        predictions = plain_lightning(splits, features, args.label, args.iterations, args.seed, args.batch_size)
+    else:
+        predictions = plain_xgboost(splits, features, args.label, args.iterations, args.seed)
     test_y = pd.read_parquet(splits["test"], columns=[args.label])[args.label].to_numpy(np.float64)
     rmse = float(np.sqrt(np.mean((predictions - test_y) ** 2)))
     print(json.dumps({"family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED}))

@@ -47,8 +47,8 @@ from rayml import artifacts
 from rayml.errors import DataSourceError
 from rayml.preprocessor import Moments, Preprocessor
 from rayml.specs import SCALERS, PreprocessResult, PreprocessSpec
-from rayml.stage import run_stage
-from rayml.tables import HTTP_TIMEOUT_S, PARQUET_SUFFIXES, _colour_from_name, detect_delimiter
+from rayml.stage import main_of, run_stage
+from rayml.tables import PARQUET_SUFFIXES, _colour_from_name, detect_delimiter, open_url
 from rayml.wine import TYPE_COLUMN
 
 log = logging.getLogger("rayml.data")
@@ -152,13 +152,8 @@ def _download(uri: str, scratch: str) -> str:
     """Stream an http(s) source into the scratch directory; return the local path."""
     name = os.path.basename(uri.split("?", 1)[0].rstrip("/")) or "download"
     target = os.path.join(scratch, f"{len(os.listdir(scratch))}-{name}")
-    import urllib.request  # only here: it costs the job's start-up ~15 ms
-
-    try:
-        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as response, open(target, "wb") as out:
-            shutil.copyfileobj(response, out, HASH_CHUNK)
-    except (TimeoutError, OSError) as err:  # URLError is an OSError
-        raise DataSourceError(f"cannot download {uri!r}: {err}. Check the URL and the network") from err
+    with open_url(uri) as response, open(target, "wb") as out:
+        shutil.copyfileobj(response, out, HASH_CHUNK)
     return target
 
 
@@ -504,10 +499,16 @@ def _codes_numpy(indices) -> np.ndarray:
     return np.where(np.isnan(found), -1, found).astype("int32")
 
 
+def _joined(parts: list[np.ndarray], dtype: str) -> np.ndarray:
+    """Per-chunk arrays as one array (no copy for a single chunk)."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
 def _float_numpy(column) -> np.ndarray:
     """A float64 chunked column as one numpy array, NaN where missing."""
-    chunks = [chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks]
-    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else np.zeros(0)
+    return _joined([chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks], "float64")
 
 
 def _dictionary_codes(column) -> tuple[np.ndarray, list]:
@@ -522,8 +523,7 @@ def _dictionary_codes(column) -> tuple[np.ndarray, list]:
         lookup = np.array([position.setdefault(value, len(position)) for value in chunk.dictionary.to_pylist()]
                           + [-1], dtype="int32")
         parts.append(lookup[_codes_numpy(chunk.indices)])  # -1 (missing) picks the trailing -1
-    codes = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype="int32")
-    return codes, list(position)
+    return _joined(parts, "int32"), list(position)
 
 
 @dataclass
@@ -998,8 +998,7 @@ def _from_scratch(table, ctx: BatchContext) -> tuple[np.ndarray, dict[str, np.nd
     codes, values = {}, {}
     for position, column in enumerate(ctx.categorical):
         codes[column], values[column] = _dictionary_codes(table[f"c{position}"])
-    split = table[SPLIT_COLUMN].chunks
-    return numeric, codes, values, np.concatenate([chunk.to_numpy() for chunk in split]) if split else np.zeros(0, "int8")
+    return numeric, codes, values, _joined([chunk.to_numpy() for chunk in table[SPLIT_COLUMN].chunks], "int8")
 
 
 def profile_direct(layouts: list[SourceLayout], ctx: BatchContext, scratch: str, workers: int) -> dict[str, Any]:
@@ -1341,8 +1340,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy of it: Ray pickles the functions of an
-    # importable module by reference, but those of __main__ by value, with every global they use.
-    from rayml import data as stage_module
-
-    sys.exit(stage_module.main())
+    sys.exit(main_of(__spec__.name))

@@ -12,7 +12,7 @@ import sys
 
 from rayml import artifacts, wine
 from rayml.specs import GenerateResult, GenerateSpec
-from rayml.stage import run_stage
+from rayml.stage import main_of, run_stage
 from rayml.tables import fingerprint
 
 
@@ -55,8 +55,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy of it: Ray pickles the functions of an
-    # importable module by reference, but those of __main__ by value, with every global they use.
-    from rayml import generate as stage_module
-
-    sys.exit(stage_module.main())
+    sys.exit(main_of(__spec__.name))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from rayml.specs import ComputeSpec, ProbeSpec
-from rayml.stage import run_stage
+from rayml.stage import main_of, run_stage
 
 log = logging.getLogger("rayml.probe")
 
@@ -194,8 +194,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy of it: Ray pickles the functions of an
-    # importable module by reference, but those of __main__ by value, with every global they use.
-    from rayml import probe as stage_module
-
-    sys.exit(stage_module.main())
+    sys.exit(main_of(__spec__.name))

@@ -28,7 +28,7 @@ from rayml import artifacts
 from rayml.errors import DataSourceError
 from rayml.models import MODEL_CARD
 from rayml.specs import ScoreResult, ScoreSpec
-from rayml.stage import run_stage
+from rayml.stage import main_of, run_stage
 from rayml.tables import PARQUET_SUFFIXES, _colour_from_name, detect_delimiter
 from rayml.wine import TYPE_COLUMN
 
@@ -249,8 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy of it: Ray pickles the functions of an
-    # importable module by reference, but those of __main__ by value, with every global they use.
-    from rayml import score as stage_module
-
-    sys.exit(stage_module.main())
+    sys.exit(main_of(__spec__.name))

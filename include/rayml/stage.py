@@ -10,6 +10,7 @@ the Airflow worker cannot read.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -106,3 +107,12 @@ def run_stage(
     publish_manifest(build_manifest(spec_type.stage, artifact_dir, started, result, None))
     log.info("stage %s succeeded in %.1f s", spec_type.stage, time.time() - started)
     return 0
+
+
+def main_of(module_name: str) -> int:
+    """Run ``module_name``'s ``main()`` from the importable module (``python -m`` runs a copy of it).
+
+    Ray pickles the functions of an importable module by reference, but those of ``__main__`` by
+    value, with every global they use (a lock, for one, does not pickle).
+    """
+    return importlib.import_module(module_name).main()

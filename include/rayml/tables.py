@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from contextlib import contextmanager
 from typing import Iterable
 
 from rayml import artifacts
@@ -20,16 +21,23 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 HTTP_TIMEOUT_S = 60
 
 
+@contextmanager
+def open_url(uri: str):
+    """The http(s) response for ``uri``; any I/O error in the block becomes a DataSourceError naming it."""
+    import urllib.request  # only here: it costs every stage's start-up ~15 ms
+
+    try:
+        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as response:
+            yield response
+    except (TimeoutError, OSError) as err:  # URLError is an OSError
+        raise DataSourceError(f"cannot download {uri!r}: {err}. Check the URL and the network") from err
+
+
 def read_source_bytes(source: str) -> bytes:
     """Return the raw bytes of one source, with an error that names it when it cannot be read."""
     if source.startswith(("http://", "https://")):
-        import urllib.request  # only here: it costs every stage's start-up ~15 ms
-
-        try:
-            with urllib.request.urlopen(source, timeout=HTTP_TIMEOUT_S) as response:
-                return response.read()
-        except (TimeoutError, OSError) as err:  # URLError is an OSError
-            raise DataSourceError(f"cannot download {source!r}: {err}. Check the URL and the network") from err
+        with open_url(source) as response:
+            return response.read()
     try:
         return artifacts.read_bytes(source)
     except Exception as err:

@@ -40,7 +40,7 @@ from rayml.metrics import regression_metrics
 from rayml.models import MODEL_CARD, PREPROCESSOR, TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL
 from rayml.preprocessor import Preprocessor, feature_affine
 from rayml.specs import ComputeSpec, TrainResult, TrainSpec
-from rayml.stage import run_stage
+from rayml.stage import main_of, run_stage
 
 log = logging.getLogger("rayml.train")
 
@@ -480,7 +480,7 @@ def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
 # -- the driver (the Ray job's process) --------------------------------------------------------
 
 
-def plan_workers(spec: TrainSpec, compute: ComputeSpec, train_rows: int, data_bytes: int = 0) -> tuple[int, str]:
+def plan_workers(spec: TrainSpec, compute: ComputeSpec, train_rows: int, data_bytes: int) -> tuple[int, str]:
     """How many Ray Train workers to use (0: Train's local mode), and why (right-sizing).
 
     Below ``scale_out_min_rows`` the run is small enough that Ray Train's fixed start-up (a
@@ -765,8 +765,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy of it: Ray pickles the functions of an
-    # importable module by reference, but those of __main__ by value, with every global they use.
-    from rayml import train as stage_module
-
-    sys.exit(stage_module.main())
+    sys.exit(main_of(__spec__.name))

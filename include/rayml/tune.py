@@ -38,7 +38,7 @@ from rayml.metrics import regression_metrics
 from rayml.models import MODEL_CARD, PREPROCESSOR
 from rayml.search_space import BUDGET_KEYS, SearchSpace
 from rayml.specs import ComputeSpec, TuneResult, TuneSpec, resolve_train_config
-from rayml.stage import run_stage
+from rayml.stage import main_of, run_stage
 
 log = logging.getLogger("rayml.tune")
 
@@ -413,8 +413,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the importable module, not this __main__ copy of it: Ray pickles the functions of an
-    # importable module by reference, but those of __main__ by value, with every global they use.
-    from rayml import tune as stage_module
-
-    sys.exit(stage_module.main())
+    sys.exit(main_of(__spec__.name))

@@ -64,15 +64,15 @@ def test_train_spec_bad_value_raises_quoting_it(fields, message):
 
 def test_plan_workers_small_data_uses_local_mode_on_cpu_and_one_worker_on_gpu():
     cpu = ComputeSpec.cpu("cpu", num_workers=4)
-    assert plan_workers(TrainSpec(**DATA), cpu, 6_000)[0] == 0
-    assert plan_workers(TrainSpec(**DATA, compute=GPU), ComputeSpec.from_dict(GPU), 6_000)[0] == 1
+    assert plan_workers(TrainSpec(**DATA), cpu, 6_000, 2**20)[0] == 0
+    assert plan_workers(TrainSpec(**DATA, compute=GPU), ComputeSpec.from_dict(GPU), 6_000, 2**20)[0] == 1
 
 
 def test_plan_workers_large_data_uses_the_compute_specs_workers_unless_told():
     cpu = ComputeSpec.cpu("cpu", num_workers=3)
-    workers, reason = plan_workers(TrainSpec(**DATA), cpu, 500_000)
+    workers, reason = plan_workers(TrainSpec(**DATA), cpu, 500_000, 100 * 2**20)
     assert workers == 3 and "500000 training rows >= scale_out_min_rows=200000" in reason
-    assert plan_workers(TrainSpec(**DATA, num_workers=1), cpu, 500_000)[0] == 1
+    assert plan_workers(TrainSpec(**DATA, num_workers=1), cpu, 500_000, 100 * 2**20)[0] == 1
 
 
 def test_plan_workers_one_cpu_worker_on_large_data_trains_in_process_while_the_splits_fit():
