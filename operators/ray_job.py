@@ -135,16 +135,27 @@ class RayJobOperator(BaseOperator):
         return runtime_env
 
     def entrypoint(self, spec: dict[str, Any]) -> str:
-        return f"python -m rayml.{self.stage} --spec {shlex.quote(json.dumps(spec, sort_keys=True))}"
+        # The stage was checked against the known stages (full_spec); quoting keeps it one word anyway.
+        module = shlex.quote(f"rayml.{self.stage}")
+        return f"python -m {module} --spec {shlex.quote(json.dumps(spec, sort_keys=True))}"
 
     def full_spec(self, context: Context) -> dict[str, Any]:
+        """The stage's whole spec, validated in Airflow before any job starts.
+
+        ``stage`` is a template field, so it may come from a run's conf: only a known stage name
+        reaches the job's command line.
+        """
+        spec_types = _spec_types()
+        spec_type = spec_types.get(self.stage) if isinstance(self.stage, str) else None
+        if spec_type is None:
+            raise InvalidSpecError(
+                f"task {self.task_id!r}: unknown stage {self.stage!r}; it must be one of {sorted(spec_types)}"
+            )
         spec = {**self.build_spec(context), "artifact_dir": self.artifact_dir(context)}
-        spec_type = _spec_types().get(self.stage)
-        if spec_type is not None:
-            try:
-                spec_type.from_dict(spec)  # fail in Airflow, before any job starts
-            except RayMLError as err:
-                raise InvalidSpecError(f"task {self.task_id!r}: invalid {self.stage} spec: {err}") from None
+        try:
+            spec_type.from_dict(spec)
+        except RayMLError as err:
+            raise InvalidSpecError(f"task {self.task_id!r}: invalid {self.stage} spec: {err}") from None
         return spec
 
     # -- the job's life ------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -21,5 +21,12 @@ core_retry = _generate_dag("core_retry", rows=500)
 core_kill = _generate_dag("core_kill", rows=400_000)
 core_deferred = _generate_dag("core_deferred", rows=500, deferrable=True)
 
-with DAG(dag_id="core_missing_stage", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_missing_stage:
-    RayJobOperator(task_id="broken", stage="no_such_stage", poll_interval_s=0.3)
+# The job starts, then cannot write its artifacts: it crashes before any manifest.
+with DAG(dag_id="core_crashing_job", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_crashing_job:
+    RayJobOperator(task_id="broken", stage="generate", spec={"rows": 10}, artifact_root="/proc/rayml-not-writable",
+                   poll_interval_s=0.3)
+
+# Anyone allowed to trigger a DAG sets its conf: a stage name from there must never reach a shell.
+with DAG(dag_id="core_stage_from_conf", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_stage_from_conf:
+    RayJobOperator(task_id="from_conf", stage="{{ dag_run.conf['stage'] }}", spec={"rows": 10}, poll_interval_s=0.3,
+                   retries=2, retry_delay=timedelta(seconds=1))

@@ -68,7 +68,29 @@ def test_failing_stage_fails_the_task_with_the_jobs_reason(airflow_db, ray_conn)
     from operators.hooks.ray import RayHook
     from operators.job_status import base_submission_id
 
-    dag_run = load_dag("core_missing_stage").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
+    dag_run = load_dag("core_crashing_job").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
     assert dag_run.state == "failed"
-    jobs = _jobs_of(RayHook(), base_submission_id("core_missing_stage", dag_run.run_id, "broken"))
+    jobs = _jobs_of(RayHook(), base_submission_id("core_crashing_job", dag_run.run_id, "broken"))
     assert len(jobs) == 1 and jobs[0]["status"] == "FAILED"
+
+
+def test_unknown_stage_is_refused_before_any_job(tmp_path):
+    operator = _operator(stage="generate; touch /tmp/x", artifact_root=str(tmp_path))
+    with pytest.raises(RayOperatorError, match="unknown stage 'generate; touch /tmp/x'; it must be one of .*'train'"):
+        operator.full_spec({"ti": _TI(), "run_id": "r1"})
+
+
+@pytest.mark.integration
+def test_stage_injected_through_run_conf_is_refused_before_any_job(airflow_db, ray_conn, tmp_path):
+    from tests.conftest import load_dag
+    from tests.operators.test_ray_job import LOGICAL_DATE, _jobs_of
+    from operators.hooks.ray import RayHook
+    from operators.job_status import base_submission_id
+
+    marker = tmp_path / "injected"
+    conf = {"stage": f"generate --spec '{{}}'; touch {marker}; python -m rayml.generate"}
+    dag_run = load_dag("core_stage_from_conf").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE, run_conf=conf)
+    (ti,) = dag_run.get_task_instances()
+    assert dag_run.state == "failed" and ti.state == "failed"  # at once: it has retries it did not use
+    assert _jobs_of(RayHook(), base_submission_id("core_stage_from_conf", dag_run.run_id, "from_conf")) == []
+    assert not marker.exists()
