@@ -4,11 +4,15 @@ Scheduled on the ``wine_quality_model`` Asset, which the pipeline's ``deploy`` t
 when it promotes a model (a kept champion or a failed deploy emits no event). The asset event
 carries the model's directory, version and test metrics; this DAG scores with exactly that model.
 
-* ``pick_input`` scores the ``input`` Param's file when one is given, else makes demo data.
+* ``model_to_score`` reads the model from the triggering asset event; on a manual run without
+  one, it is the model that the ``serve_app`` application serves now. Its XCom adds the raw
+  columns the model needs (from its preprocessor).
+* ``pick_input`` scores the ``input`` Param's file when one is given. Otherwise it makes demo
+  data, but only for a model of the wine columns: a model trained on another table (``make run
+  SOURCE=... LABEL=...``) skips the run, with the reason in this task's log and its
+  ``skip_reason`` XCom, instead of scoring wines it cannot read.
 * ``new_wines`` writes seeded new wines without a quality grade (comma CSV) into this run's
   artifacts: the demo's stand-in for the file a lab would drop off.
-* ``promoted_model`` reads the model from the triggering asset event; on a manual run without
-  one, ``score`` uses the model Ray Serve serves now.
 * ``score`` runs the ``score`` stage as a Ray job: actors that each load the model once score the
   file in batches, and the rows plus ``predicted_quality`` land next to the input as
   ``<name>.predictions-<model version>`` (never over an earlier output).
@@ -16,6 +20,7 @@ carries the model's directory, version and test metrics; this DAG scores with ex
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
@@ -43,15 +48,45 @@ with DAG(
         "new_rows": Param(1000, type="integer", minimum=1, maximum=10_000_000,
                           description="Rows of generated new wines when no input is given"),
         "new_seed": Param(2026, type="integer", minimum=0, description="Seed of the generated new wines"),
+        "serve_app": Param("wine-quality", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                           description="On a run not started by a promotion: the Serve application whose "
+                                       "model scores"),
     },
     tags=["ray", "ml", "example"],
     doc_md=__doc__,
 ) as dag:
 
-    @task.branch(doc_md="Score the `input` Param's file, or generate new wines first.")
-    def pick_input(params: dict | None = None) -> list[str]:
-        return ["score"] if (params or {}).get("input") else ["new_wines", "score"]
+    @task(doc_md="The promoted model of the triggering asset event, else the one `serve_app` serves now; "
+                 "with the raw columns it needs.")
+    def model_to_score(triggering_asset_events=None, params: dict | None = None) -> dict:
+        from operators.hooks.ray import RayHook
+        from operators.ray_score import served_model
+        from rayml import artifacts
+        from rayml.preprocessor import Preprocessor
 
+        promoted = [dict(event.extra) for events in (triggering_asset_events or {}).values()
+                    for event in events if event.extra and event.extra.get("model_dir")]
+        model = promoted[-1] if promoted else served_model(RayHook(), (params or {})["serve_app"])
+        preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
+        return {**model, "input_columns": preprocessor.input_columns}
+
+    @task.branch(doc_md="Score the `input` Param's file; else generate new wines, if the model reads wines.")
+    def pick_input(model: dict, params: dict | None = None, ti=None) -> list[str]:
+        from rayml import wine
+
+        if (params or {}).get("input"):
+            return ["score"]
+        missing = [column for column in model["input_columns"] if column not in (*wine.FEATURES, wine.TYPE_COLUMN)]
+        if missing:
+            reason = (f"model {model['model_version']} needs column(s) {missing} that the "
+                      "generated new wines lack; trigger this DAG with the `input` Param naming a file that has "
+                      "them to score it")
+            ti.xcom_push(key="skip_reason", value=reason)
+            logging.getLogger(__name__).info("Skipping the scoring: %s", reason)
+            return []
+        return ["new_wines", "score"]
+
+    model = model_to_score()
     new_wines = RayJobOperator(
         task_id="new_wines",
         stage="generate",
@@ -59,23 +94,13 @@ with DAG(
               "with_label": False, "name": "new_wines"},
         doc_md="Write seeded new wines (no quality grade) into this run's artifacts.",
     )
-
-    @task(doc_md="The promoted model named by the triggering asset event (None on a manual run).")
-    def promoted_model(triggering_asset_events=None) -> dict | None:
-        for events in (triggering_asset_events or {}).values():
-            for event in reversed(list(events)):
-                if event.extra and event.extra.get("model_dir"):
-                    return dict(event.extra)
-        return None
-
     score = RayBatchScoreOperator(
         task_id="score",
         input_uri="{{ params.input or ti.xcom_pull('new_wines')['data_uris'][0] }}",
-        model="{{ ti.xcom_pull('promoted_model') }}",  # None: the model Serve serves now
+        model=model,
         trigger_rule="none_failed_min_one_success",  # runs whichever branch fed it
         doc_md="Score the file with Ray Data; predictions are written next to it.",
     )
 
-    pick_input() >> [new_wines, score]
+    pick_input(model) >> [new_wines, score]
     new_wines >> score
-    promoted_model() >> score

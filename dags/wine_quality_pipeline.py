@@ -39,6 +39,7 @@ from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
 from operators.ray_train import RayTrainOperator, preprocessed_inputs
 from operators.ray_tune import RayTuneOperator
+from rayml.wine import QUALITY_RANGE
 
 DEMO_ROWS = 6497  # the size of the published data set
 DEMO_SEED = 7
@@ -62,9 +63,10 @@ with DAG(
     params={
         "source": Param(None, type=["null", "array", "string"],
                         description="Your data instead of the demo: CSV/Parquet path(s) or URL(s)"),
-        "label_column": Param("quality", type="string", description="The column to predict"),
-        "label_range": Param([0, 10], type=["null", "array"],
-                             description="[min, max] a label may take; rows outside fail the run"),
+        "label_column": Param("quality", type="string", minLength=1, description="The column to predict"),
+        "label_range": Param(None, type=["null", "array"],
+                             description="[min, max] a label may take; rows outside fail the run. Empty: no "
+                                         "check on your data, the wine grades' range on the demo data"),
         "families": Param(["xgboost", "lightning"], type="array", minItems=1, uniqueItems=True,
                           items={"enum": ["xgboost", "lightning"]}, description="Model families to search"),
         "scalers": Param(["standard", "minmax"], type="array", minItems=1, uniqueItems=True,
@@ -88,6 +90,10 @@ with DAG(
         "wait_for_gpu_s": Param(0, type="number", minimum=0, maximum=3600,
                                 description="On autoscaling clusters: seconds to wait for a GPU node"),
         "deploy": Param(True, type="boolean", description="Promote the model to Ray Serve if it is better"),
+        "serve_app": Param("wine-quality", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+                           description="The Ray Serve application the model is promoted to (one per model)"),
+        "serve_route": Param("/wine", type="string", pattern=r"^/([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?$",
+                             description="The endpoint's path: predictions at <serve URL><route>/predict"),
         "min_improvement": Param(0.0, type="number", minimum=0,
                                  description="How much lower the test RMSE must be to replace the served model"),
         "demo_rows": Param(DEMO_ROWS, type="integer", minimum=100, maximum=10_000_000,
@@ -116,7 +122,8 @@ with DAG(
         trigger_rule="none_failed_min_one_success",  # after demo_data, or straight after pick_data
         label_column="{{ params.label_column }}",
         scaler="{{ params.scalers[0] }}",
-        label_range="{{ params.label_range }}",
+        # the wine grades' range only where the data is the demo's
+        label_range="{{ params.label_range or (None if params.source else %s) }}" % list(QUALITY_RANGE),
         doc_md="Validate, split and scale the data with Ray Data; the XCom lists the splits and the preprocessor.",
     )
 
@@ -162,6 +169,8 @@ with DAG(
         test_split_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
         compute="{{ ti.xcom_pull('probe') }}",
         min_improvement="{{ params.min_improvement }}",
+        app_name="{{ params.serve_app }}",
+        route_prefix="{{ params.serve_route }}",
         outlets=[WINE_MODEL],
         doc_md="Promote the model to Ray Serve if it beats the served one; roll back on failure.",
     )

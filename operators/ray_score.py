@@ -5,11 +5,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 from operators.errors import RayOperatorError
+from operators.hooks.ray import RayHook
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import DEPLOYMENT_NAME
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+def served_model(hook: RayHook, app_name: str) -> dict[str, Any]:
+    """The live ``user_config`` (``model_dir``, ``model_version``) of the Serve application ``app_name``."""
+    apps = (hook.get_serve_applications().get("applications") or {})
+    config = (apps.get(app_name) or {}).get("deployed_app_config") or {}
+    for deployment in config.get("deployments") or []:
+        if deployment.get("name") == DEPLOYMENT_NAME and (deployment.get("user_config") or {}).get("model_dir"):
+            return dict(deployment["user_config"])
+    raise RayOperatorError(
+        f"no model given and Ray Serve serves no application {app_name!r} (it has {sorted(apps)}); "
+        "pass model=<model_dir or a RayTrain XCom> or deploy a model first"
+    )
 
 
 class RayBatchScoreOperator(RayJobOperator):
@@ -57,18 +71,6 @@ class RayBatchScoreOperator(RayJobOperator):
         self.concurrency = concurrency
         self.cpus_per_actor = cpus_per_actor
 
-    def served_model_dir(self) -> str:
-        """The model directory in the live ``user_config`` of the Serve application ``app_name``."""
-        apps = (self.hook.get_serve_applications().get("applications") or {})
-        config = (apps.get(self.app_name) or {}).get("deployed_app_config") or {}
-        for deployment in config.get("deployments") or []:
-            if deployment.get("name") == DEPLOYMENT_NAME and (deployment.get("user_config") or {}).get("model_dir"):
-                return deployment["user_config"]["model_dir"]
-        raise RayOperatorError(
-            f"no model given and Ray Serve serves no application {self.app_name!r} (it has {sorted(apps)}); "
-            "pass model=<model_dir or a RayTrain XCom> or deploy a model first"
-        )
-
     def model_dir(self) -> str:
         model = self.model
         if isinstance(model, dict):
@@ -78,7 +80,7 @@ class RayBatchScoreOperator(RayJobOperator):
             return str(uri)
         if isinstance(model, str) and model.strip() and model.strip() != "None":
             return model.strip()
-        return self.served_model_dir()
+        return served_model(self.hook, self.app_name)["model_dir"]
 
     def build_spec(self, context: Context) -> dict[str, Any]:
         if not isinstance(self.input_uri, str) or not self.input_uri.strip():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 from datetime import datetime, timezone
 from functools import cached_property
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 import requests
 from airflow.sdk import BaseOperator
 
-from operators.errors import RayOperatorError, ServeDeployError
+from operators.errors import InvalidSpecError, RayOperatorError, ServeDeployError
 from operators.hooks.ray import RayHook
 from operators.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
 from rayml import artifacts
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 APP_IMPORT_PATH = "rayml.serve:build_app"  # kept equal to rayml.serve.APP_IMPORT_PATH by a test
 DEPLOYMENT_NAME = "ModelServer"
 LOWER_IS_BETTER = {"rmse", "mae"}
+APP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+ROUTE_PREFIX = re.compile(r"/(?:[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*)?")
 
 
 def gate(challenger: float, champion: float | None, metric: str, min_improvement: float, force: bool) -> tuple[bool, str]:
@@ -54,8 +57,9 @@ class RayServeDeployOperator(BaseOperator):
     :param test_split_uri: Parquet of the preprocessed test split, for the smoke test and for
         scoring a champion that was evaluated on other data. (templated)
     :param compute: the GPUProbe compute spec; GPU replicas get a fraction of a GPU. (templated)
-    :param app_name: the Serve application (one per model name).
-    :param route_prefix: the endpoint's path, e.g. ``/wine``.
+    :param app_name: the Serve application (one per model name): letters, digits, ``.``, ``_``, ``-``.
+        (templated)
+    :param route_prefix: the endpoint's path, e.g. ``/wine``. (templated)
     :param metric: the test metric compared: ``rmse``/``mae`` (lower is better) or ``acc_0_5``/``acc_1_0``.
     :param min_improvement: how much better (absolute) the challenger must be. (templated)
     :param force: promote whatever the metrics say. (templated)
@@ -67,7 +71,9 @@ class RayServeDeployOperator(BaseOperator):
     :param smoke_rows: rows of the test split sent in the smoke test.
     """
 
-    template_fields: Sequence[str] = ("model", "test_split_uri", "compute", "min_improvement", "force")
+    template_fields: Sequence[str] = (
+        "model", "test_split_uri", "compute", "app_name", "route_prefix", "min_improvement", "force",
+    )
     template_fields_renderers = {"model": "json", "compute": "json"}
     operator_extra_links = (RayServeEndpointLink(), RayServeDashboardLink())
     ui_color = "#e8f7e4"
@@ -254,20 +260,14 @@ class RayServeDeployOperator(BaseOperator):
 
     def _test_rows(self, model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[float]]:
         """Raw rows (and labels) of the test split, decoded with the model's preprocessor."""
-        import pyarrow.dataset as ds
-
-        from rayml.preprocessor import Preprocessor, inverse_transform
+        from rayml.preprocessor import Preprocessor, raw_split_rows
 
         if not self.test_split_uri:
             raise RayOperatorError("test_split_uri is needed to smoke-test and compare models: pass the "
                                    "preprocess task's split_uris['test']")
-        filesystem, path = artifacts.resolve(self.test_split_uri)
-        table = ds.dataset(path, filesystem=filesystem, format="parquet").to_table()
-        frame = table.to_pandas()
         preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
-        raw = inverse_transform(preprocessor, frame)
-        labels = frame[preprocessor.label_column].astype(float).tolist()
-        return raw.to_dict(orient="records"), labels
+        rows, labels = raw_split_rows(self.test_split_uri, preprocessor)
+        return rows, [float(label) for label in labels]
 
     def _smoke_test(self, version: str, rows: list[dict[str, Any]]) -> None:
         answer = self._predict(rows[: self.smoke_rows])
@@ -306,9 +306,19 @@ class RayServeDeployOperator(BaseOperator):
 
     # -- the task -------------------------------------------------------------------------------
 
+    def check_endpoint_names(self) -> None:
+        """The application name and route as Serve and the serving history's path accept them."""
+        if not isinstance(self.app_name, str) or not APP_NAME.fullmatch(self.app_name):
+            raise InvalidSpecError(f"app_name must be letters, digits, '.', '_' or '-' (starting with a letter or "
+                                   f"digit), got {self.app_name!r}")
+        if not isinstance(self.route_prefix, str) or not ROUTE_PREFIX.fullmatch(self.route_prefix):
+            raise InvalidSpecError(f"route_prefix must be a path such as '/wine' (letters, digits, '.', '_', '-', "
+                                   f"'/'), got {self.route_prefix!r}")
+
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
+        self.check_endpoint_names()
         model = dict(self.model) if isinstance(self.model, dict) else {}
         for key in ("model_dir", "model_version", "metrics"):
             if key not in model:

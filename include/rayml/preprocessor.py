@@ -228,6 +228,24 @@ def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.
     return raw
 
 
+def raw_split_rows(split_uri: str, preprocessor: Preprocessor,
+                   limit: int | None = None) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Rows of a preprocessed split (Parquet) as raw feature dicts, and their labels.
+
+    What an endpoint that takes raw features accepts: the deployment's smoke test and the sample
+    prediction of ``make run`` send these rows.
+    """
+    import pyarrow.dataset as ds
+
+    from rayml import artifacts
+
+    filesystem, path = artifacts.resolve(split_uri)
+    table = ds.dataset(path, filesystem=filesystem, format="parquet").to_table()
+    frame = (table if limit is None else table.slice(0, limit)).to_pandas()
+    labels = frame[preprocessor.label_column].tolist()
+    return inverse_transform(preprocessor, frame).to_dict(orient="records"), labels
+
+
 def feature_affine(written: Preprocessor, target: Preprocessor, feature_columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Per feature column ``(multiply, add)`` that turns data scaled by ``written`` into ``target``'s scaling.
 

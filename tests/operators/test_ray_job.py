@@ -35,7 +35,12 @@ def _xcom(dag_run, task_id: str, key: str = "return_value"):
             dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id=task_id, key=key
         ).one()
         value = row.value
-    return json.loads(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value  # a plain string value
+    return value
 
 
 def _jobs_of(hook: RayHook, base_id: str) -> list[dict]:
