@@ -216,7 +216,7 @@ class RayJobOperator(BaseOperator):
         self.hook.check_access()
         decision = self.decide(context)
         self._record_job(context, decision.submission_id)
-        self.log.info("Ray job %s: %s (%s)", decision.submission_id, decision.action.value,
+        self.log.info("Ray job %s: %s; dashboard: %s", decision.submission_id, decision.action.value,
                       job_page_url(self.hook.dashboard_url, decision.submission_id))
         if decision.action is Action.REUSE:
             self.log.info("An earlier try of this task run already succeeded; reusing its manifest")
