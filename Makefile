@@ -33,4 +33,4 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not integration"
 
 clean: stop
-	rm -rf .airflow .ray-local .run artifacts
+	rm -rf .airflow .run artifacts

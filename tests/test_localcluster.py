@@ -1,0 +1,213 @@
+"""The local Ray cluster's temp dir: short whatever the checkout's path, private, checked, removed.
+
+Unix socket paths are limited (107 bytes; 97 for HAProxy's), and Ray and Serve's HAProxy put theirs
+under the temp dir, so a temp dir inside a checkout with a long path broke `make run`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import requests
+
+from operators.hooks.ray import RayHook
+from rayml import localcluster
+from rayml.errors import ClusterError
+from rayml.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
+from tests.conftest import ROOT, load_dag
+
+LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
+
+
+def _unused_dir(length: int) -> str:
+    """A path under /tmp of exactly ``length`` characters that does not exist."""
+    path = f"/tmp/rayml-test-{uuid.uuid4().hex}"
+    path = (path + "x" * length)[:length]
+    assert len(path) == length and not os.path.exists(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("length", "haproxy", "named"),
+    [
+        # HAProxy's <dir>/hp/<56-hex node id>/admin.sock passes 97 once the dir passes 24 characters
+        (35, "1", "RAY_SERVE_HAPROXY_SOCKET_PATH"),
+        # Ray's <dir>/ray/session_<date>_<time>_<micro>_<pid>/sockets/plasma_store.<n> passes 107 after 36
+        (45, "0", "plasma_store"),
+    ],
+)
+def test_a_temp_dir_too_long_for_a_socket_is_refused_before_anything_starts(length, haproxy, named):
+    temp_dir = _unused_dir(length)
+    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=1, num_gpus=0,
+                              extra_env={"RAY_SERVE_ENABLE_HA_PROXY": haproxy})
+    with pytest.raises(ClusterError) as refused:
+        cluster.start()
+    message = str(refused.value)
+    assert named in message and temp_dir in message
+    assert "over the limit" in message and "set TMPDIR to a short directory such as /tmp" in message
+    assert cluster.leader_pids == [] and not os.path.exists(temp_dir)
+
+
+def test_the_default_temp_dir_is_short_and_fits_every_socket_whatever_the_checkout_path():
+    pid_file = f"{LONG_PARENT}/.run/ray.json"
+    assert len(pid_file) > 100
+    temp_dir = default_temp_dir(pid_file)
+    assert Path(temp_dir).parent == Path(tempfile.gettempdir())
+    assert LONG_PARENT not in temp_dir
+    # the environment a cluster in that dir runs with, HAProxy on or not, passes the check
+    for haproxy in ("1", "0"):
+        env = LocalRayCluster(temp_dir=temp_dir, extra_env={"RAY_SERVE_ENABLE_HA_PROXY": haproxy}).env()
+        check_socket_paths(temp_dir, env)
+    # every HAProxy file of the cluster is in its own dir, none in Ray's shared default
+    haproxy_paths = {name: value for name, value in env.items()
+                     if name.startswith("RAY_SERVE_HAPROXY_") and name.endswith(("_LOC", "_PATH", "_BASE", "_FILE"))
+                     and name != "RAY_SERVE_HAPROXY_BINARY_PATH"}
+    assert set(haproxy_paths) == {
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH",
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE", "RAY_SERVE_HAPROXY_SERVER_STATE_FILE",
+    }
+    assert all(value.startswith(temp_dir + os.sep) for value in haproxy_paths.values()), haproxy_paths
+
+    assert default_temp_dir(pid_file) == temp_dir  # one checkout, one dir: its logs are found again
+    assert default_temp_dir(f"{LONG_PARENT}-copy/.run/ray.json") != temp_dir
+
+
+def test_the_caller_environment_cannot_make_two_clusters_share_haproxy_files(monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")
+    one, two = (LocalRayCluster(temp_dir=_unused_dir(20)).env() for _ in range(2))
+    assert one["RAY_SERVE_HAPROXY_SOCKET_PATH"] != two["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+
+
+def test_private_dir_refuses_a_path_that_is_not_a_directory_of_ours(tmp_path):
+    made = private_dir(str(tmp_path / "mine"))
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+    assert private_dir(made) == made  # ours already: accepted
+    link = tmp_path / "link"
+    link.symlink_to(made)  # someone's symlink where the dir should be
+    with pytest.raises(ClusterError, match="not a directory of yours.*TMPDIR"):
+        private_dir(str(link))
+
+
+def _running(pids) -> list[int]:
+    """Those of ``pids`` that are still running (zombies only wait for their parent to reap them)."""
+    running = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                running.append(pid)
+        except OSError:
+            continue
+    return running
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _running_naming(text: str) -> list[int]:
+    """Running processes on this machine, of any session, whose command line contains ``text``."""
+    return [pid for pid in _running(int(e) for e in os.listdir("/proc") if e.isdigit()) if text in _cmdline(pid)]
+
+
+@pytest.mark.integration
+def test_a_cluster_given_no_temp_dir_gets_a_private_short_one_that_stop_removes():
+    cluster = LocalRayCluster(num_cpus=1, num_gpus=0)
+    try:
+        cluster.start()
+        temp_dir = cluster.temp_dir
+        assert Path(temp_dir).parent == Path(tempfile.gettempdir())
+        # private while Ray runs, though Ray makes its own temp dir (inside) world-writable
+        info = os.stat(temp_dir)
+        assert info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+        assert Path(cluster.ray_temp_dir).parent == Path(temp_dir)
+        assert (Path(cluster.ray_temp_dir) / "session_latest" / "logs").is_dir()
+    finally:
+        cluster.stop()
+    assert not os.path.exists(temp_dir)
+
+
+def _copy_checkout(target: Path) -> None:
+    """The repository's tracked files (as they are in the working tree), without .venv or build output."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for name in filter(None, names.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():  # a tracked file deleted in the working tree is left out
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+
+
+def _cli(command: str, checkout: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m rayml.localcluster`` as `make run` / `make stop` run it, from the checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "rayml.localcluster", command, "--pid-file", str(checkout / ".run" / "ray.json"),
+         *args],
+        cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout / "include")},
+        capture_output=True, text=True, timeout=180,
+    )
+
+
+@pytest.mark.integration
+def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deployed_model(
+        tmp_path, monkeypatch, airflow_db):
+    """The checkout's absolute path is at least 60 characters long (here over 100)."""
+    from rayml import wine
+
+    checkout = tmp_path / ("a-directory-whose-name-makes-the-path-long-" + "x" * 40) / "airflow-ray-ml"
+    assert len(str(checkout)) >= 100
+    _copy_checkout(checkout)
+    pid_file = checkout / ".run" / "ray.json"
+    try:
+        started = _cli("start", checkout, "--token-file", str(checkout / ".run" / "ray_auth_token"),
+                       "--dashboard-port", str(localcluster.free_port()), "--num-cpus", "2", "--num-gpus", "0")
+        assert started.returncode == 0, started.stdout + started.stderr
+        state = json.loads(pid_file.read_text())
+        temp_dir = state["temp_dir"]
+        assert temp_dir == default_temp_dir(str(pid_file)) and state["remove_temp_dir"] is True
+        assert not temp_dir.startswith(str(checkout))
+        assert f"Ray logs in {temp_dir}/ray/session_latest/logs" in started.stdout
+        assert Path(temp_dir, "ray", "session_latest", "logs").is_dir()
+        assert stat.S_IMODE(os.stat(temp_dir).st_mode) == 0o700
+
+        monkeypatch.setenv("AIRFLOW_CONN_RAY_LONGPATH", json.dumps({
+            "conn_type": "ray",
+            "extra": {"dashboard_url": state["dashboard_url"],
+                      "auth_token": (checkout / ".run" / "ray_auth_token").read_text().strip(),
+                      "artifact_root": str(checkout / "artifacts"),
+                      "serve_url": f"http://127.0.0.1:{localcluster.free_port()}"},
+        }))
+        when = datetime.now(timezone.utc)
+        dag_run = load_dag("longpath_serve").test(logical_date=when, run_after=when)
+        states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+        assert dag_run.state == "success", states
+
+        rows = wine.generate(rows=20, seed=99).drop(columns=[wine.LABEL]).iloc[:2].to_dict("records")
+        answer = requests.post(f"{RayHook('ray_longpath').serve_url}/longpath/predict",
+                               json={"instances": rows}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["predictions"]) == 2
+        # the answer came through HAProxy, whose admin socket is in the short dir
+        assert len(list(Path(temp_dir, "hp").glob("*/admin.sock"))) == 1
+        session = localcluster.session_pids(int(state["pid"]))
+        assert any("haproxy" in _cmdline(pid) for pid in session)
+
+        stopped = _cli("stop", checkout)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert _running(session) == [] and _running(localcluster.session_pids(int(state["pid"]))) == []
+        assert _running_naming(temp_dir) == []  # nothing of the cluster escaped its session either
+        assert not os.path.exists(temp_dir) and not pid_file.exists()
+    finally:
+        if pid_file.exists():
+            _cli("stop", checkout)
