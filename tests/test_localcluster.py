@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 import requests
 
+from operators.errors import RayOperatorError
 from operators.hooks.ray import RayHook
 from rayml import localcluster
 from rayml.errors import ClusterError
 from rayml.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, extra_cluster, load_dag
 
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
 
@@ -137,6 +138,20 @@ def test_a_cluster_given_no_temp_dir_gets_a_private_short_one_that_stop_removes(
     finally:
         cluster.stop()
     assert not os.path.exists(temp_dir)
+
+
+@pytest.mark.integration
+def test_a_serve_config_that_fails_to_start_reports_its_cause():
+    # 203.0.113.0/24 is reserved for documentation: no machine has it, so Serve's proxy cannot bind
+    # there and the dashboard answers with the whole traceback, the cause on its last line.
+    with extra_cluster("ray_rejects", num_cpus=1, num_gpus=0):
+        config = {"http_options": {"host": "203.0.113.7", "port": localcluster.free_port()},
+                  "applications": [{"name": "never", "import_path": "nowhere:app", "route_prefix": "/never"}]}
+        with pytest.raises(RayOperatorError) as rejected:
+            RayHook("ray_rejects").put_serve_applications(config)
+    message = str(rejected.value)
+    assert message.startswith("Ray Serve rejected the config (HTTP 500): ...\n")
+    assert "Failed to bind to address '203.0.113.7:" in message.splitlines()[-1]
 
 
 def _copy_checkout(target: Path) -> None:

@@ -65,6 +65,13 @@ def resolve_token(connection_token: str | None, environ: dict[str, str] | None =
     return token or None
 
 
+def _last_lines(text: str, lines: int = 15, max_chars: int = 1500) -> str:
+    """The end of a long error body: a Python traceback names its cause in its last lines."""
+    kept = [line for line in text.splitlines() if line.strip()]
+    tail = "\n".join(kept[-lines:])[-max_chars:]
+    return tail if len(kept) <= lines and len(tail) < max_chars else f"...\n{tail}"
+
+
 def _as_bool(value: Any, default: bool) -> bool:
     if value is None or value == "":
         return default
@@ -232,7 +239,7 @@ class RayHook(BaseHook):
         response = self.request("PUT", "/api/serve/applications/", json=config)
         if response.status_code >= 400:
             raise RayOperatorError(
-                f"Ray Serve rejected the config (HTTP {response.status_code}): {response.text[:500]}"
+                f"Ray Serve rejected the config (HTTP {response.status_code}): {_last_lines(response.text)}"
             )
 
     def get_cluster_resources(self) -> dict[str, Any]:
