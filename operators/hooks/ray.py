@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import cached_property
 from pathlib import Path
@@ -70,6 +71,20 @@ def _last_lines(text: str, lines: int = 15, max_chars: int = 1500) -> str:
     kept = [line for line in text.splitlines() if line.strip()]
     tail = "\n".join(kept[-lines:])[-max_chars:]
     return tail if len(kept) <= lines and len(tail) < max_chars else f"...\n{tail}"
+
+
+def _ray_logs_to_task_log() -> None:
+    """Let the Ray client's log records reach the task log at their own level.
+
+    Importing ray gives its ``ray`` logger a handler of its own on stderr and stops propagation;
+    Airflow records what a task writes to stderr at error level, so the client's INFO lines
+    ("Uploading package ...") would read as errors. Propagated, they take the task's handlers.
+    """
+    ray_logger = logging.getLogger("ray")
+    for handler in list(ray_logger.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            ray_logger.removeHandler(handler)
+    ray_logger.propagate = True
 
 
 def _as_bool(value: Any, default: bool) -> bool:
@@ -212,6 +227,7 @@ class RayHook(BaseHook):
         """A Ray ``JobSubmissionClient`` carrying the auth header, after checking the cluster answers."""
         from ray.job_submission import JobSubmissionClient
 
+        _ray_logs_to_task_log()
         self.check_access()
         try:
             return JobSubmissionClient(

@@ -123,3 +123,27 @@ def test_hook_cluster_resources_lists_the_head(monkeypatch, ray_cluster):
     assert len(nodes) == 1
     (node,) = nodes.values()
     assert node["total"]["CPU"] == 2 and node["state"] == "ALIVE"
+
+
+@pytest.mark.integration
+def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(ray_conn, tmp_path):
+    """Airflow records a task's stderr at error level: the Ray client's INFO lines must not go there."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "job.py").write_text("print('hello')\n")
+    script = (
+        "from operators.hooks.ray import RayHook\n"
+        "client = RayHook().get_job_client()\n"
+        f"client.submit_job(entrypoint='python job.py', runtime_env={{'working_dir': {str(tmp_path / 'code')!r}}})\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
+    assert result.returncode == 0, result.stderr
+    # Airflow's own log set-up (what a task's records go through) shows the record at its level
+    uploads = [line for line in result.stdout.splitlines() if "Uploading package" in line]
+    assert uploads and all("info" in line.lower() and "dashboard_sdk" in line for line in uploads), result.stdout
+    assert "Uploading package" not in result.stderr, result.stderr
