@@ -1,5 +1,6 @@
 # The two commands: `make run` (the wine pipeline on the embedded local stack) and `make test`.
-# `make run SOURCE=red.csv,white.csv` runs it on your files; `CONF='{"num_trials": 8}'` sets Params.
+# `make run SOURCE=rent.csv LABEL=rent` runs it on your table (served at /rent; APP= names it
+# otherwise); `CONF='{"num_trials": 8}'` sets any other Params.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -7,6 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONF ?= {}
 SOURCE ?=
+LABEL ?=
+APP ?=
 
 .PHONY: install run stop test test-unit clean
 
@@ -21,7 +24,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	$(BIN)/python scripts/stack.py up
-	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)' --source '$(SOURCE)'
+	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)' --source '$(SOURCE)' --label '$(LABEL)' --app '$(APP)'
 
 stop:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python scripts/stack.py down; else echo "nothing to stop"; fi

@@ -4,15 +4,18 @@
     python scripts/stack.py trigger   unpause and trigger the wine DAG over the REST API, follow it
     python scripts/stack.py down      stop exactly what `up` started (by session, never by name)
 
-Everything lives in the project: AIRFLOW_HOME in .airflow/, Ray's temp dir in .ray-local/, PID
-files, logs and the Ray auth token in .run/, artifacts in artifacts/.
+Everything lives in the project (AIRFLOW_HOME in .airflow/; PID files, logs and the Ray auth token
+in .run/; artifacts in artifacts/) except Ray's temp dir, which socket-path limits keep short: a
+private dir under the system temp dir, printed by `up`, removed by `down`.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,7 +104,7 @@ def up() -> None:
     RUN_DIR.mkdir(exist_ok=True)
     (ROOT / "artifacts").mkdir(exist_ok=True)
     code = localcluster.main([
-        "start", "--pid-file", str(RAY_PID_FILE), "--temp-dir", str(ROOT / ".ray-local"),
+        "start", "--pid-file", str(RAY_PID_FILE),
         "--dashboard-port", str(RAY_DASHBOARD_PORT), "--token-file", str(TOKEN_FILE),
     ])
     if code:
@@ -175,6 +178,12 @@ class AirflowClient:
         raise SystemExit(f"DAG {dag_id} was not parsed within {timeout_s:.0f} s; import errors: {errors}")
 
 
+def _param_default(params: dict, name: str):
+    """A Param's default as the DAG details of the REST API give it (the DAG says it once)."""
+    param = params.get(name)
+    return param.get("value") if isinstance(param, dict) else param
+
+
 def _seconds(ti: dict) -> str:
     return f"{ti['duration']:.1f}" if ti.get("duration") is not None else "-"
 
@@ -183,6 +192,7 @@ def trigger(conf: dict, timeout_s: float) -> int:
     client = AirflowClient()
     client.login()
     client.wait_for_dag(DAG_ID)
+    check_label(conf, _param_default(client.call("GET", f"/dags/{DAG_ID}/details").get("params") or {}, "label_column"))
     client.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
     scoring = _unpause_scoring(client)
     run = client.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
@@ -237,7 +247,10 @@ def report_scoring(client: AirflowClient, after: str, timeout_s: float) -> None:
         run = runs[0] if runs and (runs[0].get("run_after") or "") >= (after or "")[:19] else None
         if run and run["state"] in ("success", "failed"):
             scored = _xcom(client, run["dag_run_id"], "score", dag_id=SCORING_DAG_ID)
-            if run["state"] == "success" and isinstance(scored, dict):
+            skipped = _xcom(client, run["dag_run_id"], "pick_input", key="skip_reason", dag_id=SCORING_DAG_ID)
+            if run["state"] == "success" and skipped:
+                print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: skipped the scoring: {skipped}")
+            elif run["state"] == "success" and isinstance(scored, dict):
                 print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: scored {scored['rows']} new wines with "
                       f"{scored['model_version']}; predictions in {scored['output_uri']}")
             else:
@@ -297,15 +310,25 @@ def report_model(client: AirflowClient, run_id: str) -> None:
         print(f"deploy: kept champion {decision.get('champion_version')} ({decision.get('reason')})")
     if not isinstance(endpoint, dict):
         return
-    from rayml import wine
-
-    row = wine.generate(rows=20, seed=99).drop(columns=[wine.LABEL]).iloc[0].to_dict()
     try:
-        answer = requests.post(f"{endpoint['endpoint']}/predict", json={"instances": [row]}, timeout=30)
-        print(f"endpoint: {endpoint['endpoint']}/predict")
-        print(f"sample prediction for {json.dumps(row)}:\n  -> {answer.status_code} {answer.text}")
+        row, label, answer = sample_prediction(endpoint["endpoint"], _xcom(client, run_id, "preprocess"), model)
     except requests.RequestException as err:
         print(f"endpoint {endpoint['endpoint']} did not answer: {err}")
+        return
+    print(f"endpoint: {endpoint['endpoint']}/predict")
+    print(f"sample prediction for a row of this run's test split {json.dumps(row)} (label {label}):\n"
+          f"  -> {answer.status_code} {answer.text}")
+
+
+def sample_prediction(endpoint: str, preprocessed: dict, model: dict) -> tuple[dict, object, requests.Response]:
+    """POST the first row of the run's test split, decoded to raw features, to the endpoint."""
+    from rayml import artifacts
+    from rayml.preprocessor import Preprocessor, raw_split_rows
+
+    preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
+    rows, labels = raw_split_rows(preprocessed["split_uris"]["test"], preprocessor, limit=1)
+    answer = requests.post(f"{endpoint}/predict", json={"instances": rows}, timeout=30)
+    return rows[0], labels[0], answer
 
 
 def source_param(text: str) -> list[str]:
@@ -325,12 +348,69 @@ def source_param(text: str) -> list[str]:
     return sources
 
 
+def run_conf(conf: dict, source: str = "", label: str = "", app: str = "") -> dict:
+    """The run conf `make run` sends: CONF, with SOURCE, LABEL and APP as the DAG's Params.
+
+    A label other than the demo's names the Serve application and route too (``LABEL=rent``
+    serves at ``/rent``), unless APP or the conf says otherwise, so a model of another table never
+    replaces the wine model or answers at ``/wine``.
+    """
+    conf = dict(conf)
+    if source.strip():
+        conf["source"] = source_param(source)
+    if label.strip():
+        conf["label_column"] = label.strip()
+    app = app.strip() or _app_name_for(conf.get("label_column"))
+    if app:
+        conf.setdefault("serve_app", app)
+        conf.setdefault("serve_route", f"/{app}")
+    return conf
+
+
+def _app_name_for(label: str | None) -> str:
+    from rayml import wine
+
+    if not label or label == wine.LABEL:
+        return ""
+    return re.sub(r"[^a-z0-9._-]+", "-", label.lower()).strip("-._")[:63] or "model"
+
+
+def file_columns(path: str) -> list[str] | None:
+    """The column names of a local CSV or Parquet file (None: not a local file this can read)."""
+    if "://" in path or not os.path.isfile(path):
+        return None
+    if path.endswith((".parquet", ".pq")):
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+        header = handle.readline()
+    try:
+        dialect = csv.Sniffer().sniff(header, delimiters=",;\t|")
+    except csv.Error:
+        dialect = csv.excel
+    return [name.strip() for name in next(csv.reader([header], dialect))]
+
+
+def check_label(conf: dict, default_label: str) -> None:
+    """Refuse, before any run, a label that is not a column of the user's local files."""
+    label = conf.get("label_column") or default_label
+    for path in conf.get("source") or []:
+        columns = file_columns(path)
+        if columns is not None and label not in columns:
+            raise SystemExit(f"the label column {label!r} is not in {path} (its columns: {columns}); "
+                             "name the column to predict: make run SOURCE=... LABEL=<column>")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python scripts/stack.py")
     parser.add_argument("command", choices=("up", "trigger", "down"))
     parser.add_argument("--conf", default="{}", help="DAG run conf (JSON) for trigger")
     parser.add_argument("--source", default="",
                         help="your data instead of the demo: path(s) or URL(s), comma-separated")
+    parser.add_argument("--label", default="", help="the column to predict in your data")
+    parser.add_argument("--app", default="",
+                        help="the Serve application and route (/APP); default: the label's name")
     parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args()
     if args.command == "up":
@@ -338,10 +418,7 @@ def main() -> int:
     elif args.command == "down":
         down()
     else:
-        conf = json.loads(args.conf)
-        if args.source.strip():
-            conf["source"] = source_param(args.source)
-        return trigger(conf, args.timeout)
+        return trigger(run_conf(json.loads(args.conf), args.source, args.label, args.app), args.timeout)
     return 0
 
 

@@ -1,0 +1,85 @@
+"""`make run`'s own steps (scripts/stack.py): the run conf, the label check, and the path on a table that is not wine."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT, load_dag
+from tests.operators.test_ray_job import _xcom
+
+_SPEC = importlib.util.spec_from_file_location("stack", ROOT / "scripts" / "stack.py")
+stack = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(stack)
+
+RENT_FEATURES = {"sqm", "rooms", "year_built", "district"}
+
+
+def write_rent_table(path, rows: int = 1500, seed: int = 5) -> str:
+    """Apartment rents: another label, a categorical feature, values far outside the wine grades."""
+    rng = np.random.default_rng(seed)
+    per_sqm = {"north": 11.0, "centre": 16.0, "south": 9.0, "harbour": 14.0}
+    district = rng.choice(list(per_sqm), rows)
+    sqm = rng.uniform(20, 140, rows).round(1)
+    rooms = np.clip(np.round(sqm / 30) + rng.integers(-1, 2, rows), 1, 6).astype(int)
+    year_built = rng.integers(1900, 2024, rows)
+    rent = sqm * np.array([per_sqm[d] for d in district]) + 40 * rooms + 1.5 * (year_built - 1900)
+    frame = pd.DataFrame({"sqm": sqm, "rooms": rooms, "year_built": year_built, "district": district,
+                          "rent": (rent + rng.normal(0, 80, rows)).round(0)})
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+def test_run_conf_names_the_app_after_a_label_that_is_not_wine(tmp_path):
+    source = write_rent_table(tmp_path / "rent.csv", rows=20)
+    conf = stack.run_conf({"num_trials": 2}, source=source, label="Monthly Rent")
+    assert conf == {"num_trials": 2, "source": [source], "label_column": "Monthly Rent",
+                    "serve_app": "monthly-rent", "serve_route": "/monthly-rent"}
+    assert stack.run_conf({}, source=source, label="rent", app="flats")["serve_route"] == "/flats"
+    assert "serve_app" not in stack.run_conf({}, label="quality")  # the demo's label keeps the demo's app
+
+
+def test_check_label_refuses_a_label_that_is_not_a_column_before_any_run(tmp_path):
+    source = write_rent_table(tmp_path / "rent.csv", rows=20)
+    with pytest.raises(SystemExit, match=r"'quality' is not in .*rent.csv.*'sqm'.*LABEL=<column>"):
+        stack.check_label({"source": [source]}, default_label="quality")
+    stack.check_label({"source": [source], "label_column": "rent"}, default_label="quality")
+    semicolons = tmp_path / "uci.csv"
+    semicolons.write_text('"fixed acidity";"quality"\n7.0;5\n')
+    assert stack.file_columns(str(semicolons)) == ["fixed acidity", "quality"]
+
+
+@pytest.mark.integration
+def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_scoring(
+        airflow_db, ray_conn, tmp_path):
+    source = write_rent_table(tmp_path / "rent.csv")
+    conf = stack.run_conf({"num_trials": 1, "families": ["xgboost"], "num_boost_round": 40},
+                          source=source, label="rent")
+    when = datetime(2026, 5, 20, tzinfo=timezone.utc)
+    dag_run = load_dag("wine_quality_pipeline", ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert dag_run.state == "success", states
+    assert states["demo_data"] == "skipped"
+    deployed = _xcom(dag_run, "deploy")
+    assert deployed["action"] == "promoted" and deployed["endpoint"].endswith("/rent")
+
+    row, label, answer = stack.sample_prediction(deployed["endpoint"], _xcom(dag_run, "preprocess"),
+                                                 _xcom(dag_run, "train"))
+    assert set(row) == RENT_FEATURES and row["district"] in {"north", "centre", "south", "harbour"}
+    assert answer.status_code == 200, answer.text
+    prediction = answer.json()["predictions"][0]
+    assert math.isfinite(prediction) and abs(prediction - label) < 0.5 * label  # a rent, not a wine grade
+
+    later = datetime(2026, 5, 21, tzinfo=timezone.utc)
+    scoring = load_dag("wine_batch_scoring", ROOT / "dags").test(logical_date=later, run_after=later,
+                                                                 run_conf={"serve_app": "rent"})
+    scoring_states = {ti.task_id: ti.state for ti in scoring.get_task_instances()}
+    assert scoring.state == "success", scoring_states
+    assert scoring_states["score"] == "skipped" and scoring_states["new_wines"] == "skipped"
+    reason = _xcom(scoring, "pick_input", key="skip_reason")
+    assert "sqm" in reason and "`input` Param" in reason
