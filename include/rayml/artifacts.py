@@ -1,6 +1,6 @@
 """Artifact storage on ``pyarrow.fs``: local paths, ``file://``, ``s3://`` and ``gs://`` alike.
 
-Layout (DESIGN.md): ``<root>/<dag_id>/<run_id>/<task_id>[.<map_index>]/`` holds one task run's
+Layout (docs/design.md): ``<root>/<dag_id>/<run_id>/<task_id>[.<map_index>]/`` holds one task run's
 outputs and its ``manifest.json``. Run ids are kept readable but made safe as path segments.
 """
 
