@@ -166,7 +166,7 @@ with DAG(
     deploy = RayServeDeployOperator(
         task_id="deploy",
         model="{{ ti.xcom_pull('train') }}",
-        test_split_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
+        data="{{ %s }}" % SPLITS,  # the test split and the preprocessor that wrote it
         compute="{{ ti.xcom_pull('probe') }}",
         min_improvement="{{ params.min_improvement }}",
         app_name="{{ params.serve_app }}",

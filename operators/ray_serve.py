@@ -54,8 +54,10 @@ class RayServeDeployOperator(BaseOperator):
     """Deploy a trained model behind a Ray Serve HTTP endpoint, champion/challenger gated.
 
     :param model: the RayTrain XCom (``model_dir``, ``model_version``, ``metrics``). (templated)
-    :param test_split_uri: Parquet of the preprocessed test split, for the smoke test and for
-        scoring a champion that was evaluated on other data. (templated)
+    :param data: the preprocess task's XCom: its test split (``split_uris['test']``) and the
+        preprocessor that wrote it (``preprocessor_uri``), which decodes the split's rows into the raw
+        features the endpoint takes, for the smoke test and for scoring a champion that was evaluated
+        on other data. (The model's own preprocessor may use another scaler.) (templated)
     :param compute: the GPUProbe compute spec; GPU replicas get a fraction of a GPU. (templated)
     :param app_name: the Serve application (one per model name): letters, digits, ``.``, ``_``, ``-``.
         (templated)
@@ -72,9 +74,9 @@ class RayServeDeployOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "model", "test_split_uri", "compute", "app_name", "route_prefix", "min_improvement", "force",
+        "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "force",
     )
-    template_fields_renderers = {"model": "json", "compute": "json"}
+    template_fields_renderers = {"model": "json", "data": "json", "compute": "json"}
     operator_extra_links = (RayServeEndpointLink(), RayServeDashboardLink())
     ui_color = "#e8f7e4"
 
@@ -82,7 +84,7 @@ class RayServeDeployOperator(BaseOperator):
         self,
         *,
         model: dict[str, Any] | str,
-        test_split_uri: str | None = None,
+        data: dict[str, Any] | str | None = None,
         compute: dict[str, Any] | str | None = None,
         app_name: str = "wine-quality",
         route_prefix: str = "/wine",
@@ -101,7 +103,7 @@ class RayServeDeployOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.model = model
-        self.test_split_uri = test_split_uri
+        self.data = data
         self.compute = compute
         self.app_name = app_name
         self.route_prefix = route_prefix
@@ -258,15 +260,18 @@ class RayServeDeployOperator(BaseOperator):
             time.sleep(0.5)
         raise ServeDeployError(f"version {version} did not become ready within {self.ready_timeout_s:g} s ({last})")
 
-    def _test_rows(self, model: dict[str, Any]) -> tuple[list[dict[str, Any]], list[float]]:
-        """Raw rows (and labels) of the test split, decoded with the model's preprocessor."""
+    def _test_rows(self) -> tuple[list[dict[str, Any]], list[float]]:
+        """Raw rows (and labels) of the test split, decoded with the preprocessor that wrote it."""
         from rayml.preprocessor import Preprocessor, raw_split_rows
 
-        if not self.test_split_uri:
-            raise RayOperatorError("test_split_uri is needed to smoke-test and compare models: pass the "
-                                   "preprocess task's split_uris['test']")
-        preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
-        rows, labels = raw_split_rows(self.test_split_uri, preprocessor)
+        data = self.data if isinstance(self.data, dict) else {}
+        test_split = (data.get("split_uris") or {}).get("test")
+        if not test_split or not data.get("preprocessor_uri"):
+            raise InvalidSpecError(
+                "data must be the preprocess task's XCom (split_uris['test'] and preprocessor_uri), to smoke-test "
+                f"and compare models: pass data=<preprocess task>.output; got {self.data!r:.200}"
+            )
+        rows, labels = raw_split_rows(test_split, Preprocessor.load(data["preprocessor_uri"]))
         return rows, [float(label) for label in labels]
 
     def _smoke_test(self, version: str, rows: list[dict[str, Any]]) -> None:
@@ -326,7 +331,7 @@ class RayServeDeployOperator(BaseOperator):
         challenger = float(model["metrics"]["test"][self.metric])
         compute = dict(self.compute) if isinstance(self.compute, dict) else {}
         self.hook.check_access()
-        rows, labels = self._test_rows(model)
+        rows, labels = self._test_rows()
         record = {"dashboard_url": self.hook.dashboard_url, "endpoint": self.endpoint, "app": self.app_name}
         context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
 

@@ -311,7 +311,7 @@ def report_model(client: AirflowClient, run_id: str) -> None:
     if not isinstance(endpoint, dict):
         return
     try:
-        row, label, answer = sample_prediction(endpoint["endpoint"], _xcom(client, run_id, "preprocess"), model)
+        row, label, answer = sample_prediction(endpoint["endpoint"], _xcom(client, run_id, "preprocess"))
     except requests.RequestException as err:
         print(f"endpoint {endpoint['endpoint']} did not answer: {err}")
         return
@@ -320,12 +320,15 @@ def report_model(client: AirflowClient, run_id: str) -> None:
           f"  -> {answer.status_code} {answer.text}")
 
 
-def sample_prediction(endpoint: str, preprocessed: dict, model: dict) -> tuple[dict, object, requests.Response]:
-    """POST the first row of the run's test split, decoded to raw features, to the endpoint."""
-    from rayml import artifacts
+def sample_prediction(endpoint: str, preprocessed: dict) -> tuple[dict, object, requests.Response]:
+    """POST the first row of the run's test split, decoded to raw features, to the endpoint.
+
+    The split is decoded with the preprocessor that wrote it, which the model's own may not be
+    (tuning can pick another scaler).
+    """
     from rayml.preprocessor import Preprocessor, raw_split_rows
 
-    preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
+    preprocessor = Preprocessor.load(preprocessed["preprocessor_uri"])
     rows, labels = raw_split_rows(preprocessed["split_uris"]["test"], preprocessor, limit=1)
     answer = requests.post(f"{endpoint}/predict", json={"instances": rows}, timeout=30)
     return rows[0], labels[0], answer

@@ -26,7 +26,7 @@ with DAG(dag_id="longpath_serve", schedule=None, start_date=datetime(2026, 1, 1)
     )
     deploy = RayServeDeployOperator(
         task_id="deploy", model="{{ ti.xcom_pull('train') }}",
-        test_split_uri="{{ ti.xcom_pull('preprocess')['split_uris']['test'] }}",
+        data="{{ ti.xcom_pull('preprocess') }}",
         app_name="longpath", route_prefix="/longpath", ready_timeout_s=120, ray_conn_id=CONN_ID,
     )
     data >> preprocess >> train >> deploy

@@ -39,7 +39,7 @@ def _deploy_dag(dag_id: str, **kwargs) -> DAG:
              render_template_as_native_obj=True) as dag:
         RayServeDeployOperator(
             task_id="deploy", model="{{ dag_run.conf['model'] }}",
-            test_split_uri="{{ dag_run.conf['test_split_uri'] }}",
+            data="{{ dag_run.conf['data'] }}",
             min_improvement="{{ dag_run.conf.get('min_improvement', 0.0) }}",
             ready_timeout_s=120, **kwargs,
         )

@@ -40,7 +40,7 @@ with DAG(dag_id="ray_ml_page_serve", schedule=None, start_date=START, catchup=Fa
     )
     deploy = RayServeDeployOperator(
         task_id="deploy", model="{{ ti.xcom_pull('train') }}",
-        test_split_uri="{{ %s['split_uris']['test'] }}" % SPLITS,
+        data="{{ %s }}" % SPLITS,
         app_name=UI_APP, route_prefix=UI_ROUTE, ready_timeout_s=120, force=True,
     )
     data >> preprocess >> tune >> train >> deploy

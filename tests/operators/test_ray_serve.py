@@ -64,8 +64,7 @@ def models(airflow_db, ray_conn):
     trained = {name: _xcom(dag_run, f"train_{name}") for name in ("worse", "good", "better")}
     rmse = {name: model["metrics"]["test"]["rmse"] for name, model in trained.items()}
     assert rmse["better"] < rmse["good"] < rmse["worse"], rmse  # the fixture's premise
-    test_split = _xcom(dag_run, "preprocess")["split_uris"]["test"]
-    return trained, test_split
+    return trained, _xcom(dag_run, "preprocess")
 
 
 def _endpoint(prefix: str = "/wine-test") -> str:
@@ -82,14 +81,14 @@ def _served_version(prefix: str = "/wine-test", **headers) -> str:
     return requests.get(f"{_endpoint(prefix)}/health", headers=headers, timeout=10).json()["model_version"]
 
 
-def _ensure_deployed(trained: dict, test_split: str) -> None:
+def _ensure_deployed(trained: dict, data: dict) -> None:
     """Deploy the good model unless the test application already answers (tests may run alone)."""
     try:
         if requests.get(f"{_endpoint()}/health", timeout=10).status_code == 200:
             return
     except requests.RequestException:
         pass
-    assert _deploy("serve_deploy", model=trained["good"], test_split_uri=test_split)[1] == "success"
+    assert _deploy("serve_deploy", model=trained["good"], data=data)[1] == "success"
 
 
 def _history() -> list[dict]:
@@ -98,10 +97,10 @@ def _history() -> list[dict]:
 
 @pytest.mark.integration
 def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
-    trained, test_split = models
+    trained, data = models
 
     # 1. Nothing served yet: the good model is promoted and answers a real prediction.
-    dag_run, state = _deploy("serve_deploy", model=trained["good"], test_split_uri=test_split)
+    dag_run, state = _deploy("serve_deploy", model=trained["good"], data=data)
     assert state == "success"
     assert _xcom(dag_run, "deploy")["action"] == "promoted"
     answer = requests.post(f"{_endpoint()}/predict", json={"instances": [_row(), _row()]}, timeout=10)
@@ -129,7 +128,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     loader = threading.Thread(target=load)
     loader.start()
     try:
-        _, state = _deploy("serve_deploy", model=trained["better"], test_split_uri=test_split)
+        _, state = _deploy("serve_deploy", model=trained["better"], data=data)
         time.sleep(1)
     finally:
         stop.set()
@@ -140,7 +139,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     assert _served_version() == trained["better"]["model_version"]
 
     # 3. A worse model is kept out: the task is skipped and the champion still answers.
-    kept_run, state = _deploy("serve_deploy", model=trained["worse"], test_split_uri=test_split)
+    kept_run, state = _deploy("serve_deploy", model=trained["worse"], data=data)
     assert state == "skipped"
     decision = _xcom(kept_run, "deploy", key="decision")
     assert decision["action"] == "kept_champion"
@@ -156,7 +155,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
         handle.write(b"not a model")
     broken = {**trained["good"], "model_dir": broken_dir, "model_version": "broken-1",
               "metrics": {"test": {"rmse": 0.01}}}
-    _, state = _deploy("serve_deploy", model=broken, test_split_uri=test_split)
+    _, state = _deploy("serve_deploy", model=broken, data=data)
     assert state == "failed"
     assert _served_version() == trained["better"]["model_version"]
     assert _history()[-1]["action"] == "rolled_back"
@@ -197,10 +196,10 @@ def test_serve_malformed_requests_get_4xx_with_field_messages(models):
 
 @pytest.mark.integration
 def test_serve_api_key_required_when_configured(models):
-    trained, test_split = models
+    trained, data = models
     os.environ["AIRFLOW_CONN_SERVE_API_KEY"] = json.dumps({"conn_type": "generic", "password": "s3cret"})
     try:
-        _, state = _deploy("serve_deploy_keyed", model=trained["good"], test_split_uri=test_split)
+        _, state = _deploy("serve_deploy_keyed", model=trained["good"], data=data)
     finally:
         os.environ.pop("AIRFLOW_CONN_SERVE_API_KEY", None)
     assert state == "success"

@@ -58,8 +58,9 @@ def test_check_label_refuses_a_label_that_is_not_a_column_before_any_run(tmp_pat
 def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_scoring(
         airflow_db, ray_conn, tmp_path):
     source = write_rent_table(tmp_path / "rent.csv")
-    conf = stack.run_conf({"num_trials": 1, "families": ["xgboost"], "num_boost_round": 40},
-                          source=source, label="rent")
+    # the splits are written with the first scaler (standard); the model is trained with another
+    search = {"family": "xgboost", "scaler": "minmax", "xgboost": {"num_boost_round": 40}}
+    conf = stack.run_conf({"num_trials": 1, "search_space": search}, source=source, label="rent")
     when = datetime(2026, 5, 20, tzinfo=timezone.utc)
     dag_run = load_dag("wine_quality_pipeline", ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
@@ -68,9 +69,11 @@ def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_sc
     deployed = _xcom(dag_run, "deploy")
     assert deployed["action"] == "promoted" and deployed["endpoint"].endswith("/rent")
 
-    row, label, answer = stack.sample_prediction(deployed["endpoint"], _xcom(dag_run, "preprocess"),
-                                                 _xcom(dag_run, "train"))
+    assert _xcom(dag_run, "train")["config"]["scaler"] == "minmax"
+    row, label, answer = stack.sample_prediction(deployed["endpoint"], _xcom(dag_run, "preprocess"))
     assert set(row) == RENT_FEATURES and row["district"] in {"north", "centre", "south", "harbour"}
+    # decoded to the table's own values, not through the model's other scaler
+    assert 20 <= row["sqm"] <= 140 and 1 <= row["rooms"] <= 6 and 1900 <= row["year_built"] <= 2024
     assert answer.status_code == 200, answer.text
     prediction = answer.json()["predictions"][0]
     assert math.isfinite(prediction) and abs(prediction - label) < 0.5 * label  # a rent, not a wine grade
