@@ -6,6 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CONSTRAINTS := constraints.txt
 CONF ?= {}
 SOURCE ?=
 LABEL ?=
@@ -15,11 +16,12 @@ APP ?=
 
 install: $(STAMP)
 
-# Reinstall only when the project's dependencies change. torch is pinned to the CPU wheel.
-$(STAMP): pyproject.toml
+# Reinstall only when the project's dependencies or the tested versions change. Every package,
+# pip and the build backend included, takes its version from constraints.txt (torch: the CPU wheel).
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[ml,dev]"
+	$(BIN)/pip install --quiet --upgrade -c $(CONSTRAINTS) pip
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS) -e ".[ml,dev]"
 	touch $(STAMP)
 
 run: $(STAMP)
