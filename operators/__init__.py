@@ -1,7 +1,8 @@
 """Airflow side of airflow-ray-ml: a provider-style package of hooks, triggers, links and operators.
 
 ``get_provider_info`` is what Airflow's ``apache_airflow_provider`` entry point reads: it declares
-the ``ray`` connection type (with its connection-form fields) and the extra links.
+the ``ray`` connection type (with its connection-form fields), the extra links and the "Ray ML" page's
+plugin.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def get_provider_info() -> dict:
             "operators.links.ray.RayServeEndpointLink",
             "operators.links.ray.RayServeDashboardLink",
         ],
+        # Airflow loads a provider's plugins only with [core] lazy_discover_providers = False; the
+        # package's "airflow.plugins" entry point (pyproject.toml) loads the page by default.
+        "plugins": [{"name": "ray_ml", "plugin-class": "operators.plugins.ray_ml.RayMLPlugin"}],
         "connection-types": [
             {
                 "hook-class-name": "operators.hooks.ray.RayHook",
