@@ -39,7 +39,6 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    render_template_as_native_obj=True,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     params={
         "input": Param(None, type=["null", "string"],
@@ -75,7 +74,7 @@ with DAG(
         from rayml import wine
 
         if (params or {}).get("input"):
-            return ["score"]
+            return ["scoring_input"]
         missing = [column for column in model["input_columns"] if column not in (*wine.FEATURES, wine.TYPE_COLUMN)]
         if missing:
             reason = (f"model {model['model_version']} needs column(s) {missing} that the "
@@ -84,7 +83,7 @@ with DAG(
             ti.xcom_push(key="skip_reason", value=reason)
             logging.getLogger(__name__).info("Skipping the scoring: %s", reason)
             return []
-        return ["new_wines", "score"]
+        return ["new_wines", "scoring_input"]
 
     model = model_to_score()
     new_wines = RayJobOperator(
@@ -94,13 +93,18 @@ with DAG(
               "with_label": False, "name": "new_wines"},
         doc_md="Write seeded new wines (no quality grade) into this run's artifacts.",
     )
+
+    @task(trigger_rule="none_failed_min_one_success",  # after new_wines, or straight after pick_input
+          doc_md="The file to score: the `input` Param's, or the one `new_wines` wrote.")
+    def scoring_input(generated: dict | None, params: dict | None = None) -> str:
+        return (params or {}).get("input") or generated["data_uris"][0]
+
+    chosen = scoring_input(new_wines.output)
     score = RayBatchScoreOperator(
         task_id="score",
-        input_uri="{{ params.input or ti.xcom_pull('new_wines')['data_uris'][0] }}",
+        input_uri=chosen,
         model=model,
-        trigger_rule="none_failed_min_one_success",  # runs whichever branch fed it
         doc_md="Score the file with Ray Data; predictions are written next to it.",
     )
 
-    pick_input(model) >> [new_wines, score]
-    new_wines >> score
+    pick_input(model) >> [new_wines, chosen]

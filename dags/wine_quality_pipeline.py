@@ -8,7 +8,8 @@ follows and records. A retried task re-attaches to its running job (or reuses it
   advertised; CPU with the reason otherwise) and sizes the workers so Ray Data keeps CPU headroom;
   its XCom is the compute spec that tuning, training and serving take.
 * ``pick_data`` → ``demo_data`` writes the seeded stand-in for the UCI wine-quality files (red and
-  white, semicolon-separated as published) unless the ``source`` Param names your files.
+  white, semicolon-separated as published) unless the ``source`` Param names your files;
+  ``data_files`` hands either on to ``preprocess``.
 * ``preprocess`` validates the files, splits them deterministically, fits the scalers on the
   train split only and writes Parquet splits, the preprocessor JSONs and a data profile.
 * ``search_space`` turns the Params form (families, scalers, epochs, rounds) into the search
@@ -22,6 +23,10 @@ follows and records. A retried task re-attaches to its running job (or reuses it
   on the same test split; otherwise the task is skipped ("kept champion"). A failed deploy or
   smoke test restores the previous version. A promotion updates the ``wine_quality_model`` Asset,
   which schedules ``wine_batch_scoring``.
+
+Results travel between tasks as XComArgs (``data=preprocess.output``, ``model=train.output``,
+``config=tune.output["best_config"]``); Params arrive as templates, which the operators coerce to
+their settings' types, so the DAG needs no ``render_template_as_native_obj``.
 
 Trigger it from the UI to change the Params below.
 """
@@ -37,13 +42,12 @@ from operators.gpu_probe import GPUProbeOperator
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator, preprocessed_inputs
+from operators.ray_train import RayTrainOperator
 from operators.ray_tune import RayTuneOperator
 from rayml.wine import QUALITY_RANGE
 
 DEMO_ROWS = 6497  # the size of the published data set
 DEMO_SEED = 7
-SPLITS = "ti.xcom_pull('preprocess')"
 # Weekly by default. `make run` sets WINE_PIPELINE_SCHEDULE=none, so unpausing the DAG for the demo
 # does not also start the latest scheduled run next to the one it triggers.
 SCHEDULE = os.environ.get("WINE_PIPELINE_SCHEDULE", "@weekly")
@@ -58,7 +62,6 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    render_template_as_native_obj=True,  # so Params and XComs reach the specs as numbers and lists
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     params={
         "source": Param(None, type=["null", "array", "string"],
@@ -115,16 +118,29 @@ with DAG(
         spec={"rows": "{{ params.demo_rows }}", "seed": "{{ params.demo_seed }}", "file_format": "uci"},
         doc_md="Write the seeded demo data set (UCI layout) into this run's artifacts.",
     )
+
+    @task.branch(doc_md="Use the `source` Param's files when given; generate the demo data otherwise.")
+    def pick_data(params: dict | None = None) -> list[str]:
+        return ["data_files"] if (params or {}).get("source") else ["demo_data", "data_files"]
+
+    @task(trigger_rule="none_failed_min_one_success",  # after demo_data, or straight after pick_data
+          doc_md="The files to preprocess: the `source` Param's, or the ones `demo_data` wrote.")
+    def data_files(generated: dict | None, params: dict | None = None) -> list[str]:
+        source = (params or {}).get("source")
+        if source:
+            return [source] if isinstance(source, str) else list(source)
+        return list(generated["data_uris"])
+
+    files = data_files(demo_data.output)
     preprocess = RayDataPreprocessOperator(
         task_id="preprocess",
-        source="{{ params.source }}",  # None: the demo_data files
-        source_task_id="demo_data",
-        trigger_rule="none_failed_min_one_success",  # after demo_data, or straight after pick_data
+        source=files,
         label_column="{{ params.label_column }}",
         scaler="{{ params.scalers[0] }}",
         # the wine grades' range only where the data is the demo's
         label_range="{{ params.label_range or (None if params.source else %s) }}" % list(QUALITY_RANGE),
-        doc_md="Validate, split and scale the data with Ray Data; the XCom lists the splits and the preprocessor.",
+        doc_md="Validate, split and scale the data (pyarrow in the job, or Ray Data across the cluster); "
+               "the XCom lists the splits and the preprocessor.",
     )
 
     @task(doc_md="The search space from the Params form, or the `search_space` Param as given.")
@@ -140,19 +156,20 @@ with DAG(
 
     tune = RayTuneOperator(
         task_id="tune",
-        search_space="{{ ti.xcom_pull('search_space') }}",
+        data=preprocess.output,
+        search_space=search_space(),
+        compute=probe.output,
         num_samples="{{ params.num_trials }}",
         time_budget_s="{{ params.time_budget_s }}",
         searcher="{{ params.searcher }}",
-        compute="{{ ti.xcom_pull('probe') }}",
         doc_md="Search family x scaler x hyperparameters with ASHA; the XCom has the best config and "
                "the leaderboard, which the UI's Ray ML page shows.",
     )
     train = RayTrainOperator(
         task_id="train",
-        config="{{ ti.xcom_pull('tune')['best_config'] }}",  # family, scaler and hyperparameters
-        compute="{{ ti.xcom_pull('probe') }}",
-        **preprocessed_inputs("preprocess"),  # splits, columns, preprocessor(s), fingerprint
+        data=preprocess.output,  # splits, columns, preprocessor(s), fingerprint
+        config=tune.output["best_config"],  # family, scaler and hyperparameters
+        compute=probe.output,
         num_workers="{{ params.train_workers }}",
         placement_strategy="{{ params.placement_strategy }}",
         doc_md="Train the best config on Ray Train; the XCom holds the model directory, its version and "
@@ -165,9 +182,9 @@ with DAG(
 
     deploy = RayServeDeployOperator(
         task_id="deploy",
-        model="{{ ti.xcom_pull('train') }}",
-        data="{{ %s }}" % SPLITS,  # the test split and the preprocessor that wrote it
-        compute="{{ ti.xcom_pull('probe') }}",
+        model=train.output,
+        data=preprocess.output,  # the test split and the preprocessor that wrote it
+        compute=probe.output,
         min_improvement="{{ params.min_improvement }}",
         app_name="{{ params.serve_app }}",
         route_prefix="{{ params.serve_route }}",
@@ -175,10 +192,5 @@ with DAG(
         doc_md="Promote the model to Ray Serve if it beats the served one; roll back on failure.",
     )
 
-    @task.branch(doc_md="Use the `source` Param's files when given; generate the demo data otherwise.")
-    def pick_data(params: dict | None = None) -> list[str]:
-        return ["preprocess"] if (params or {}).get("source") else ["demo_data", "preprocess"]
-
-    pick_data() >> [demo_data, preprocess]
-    demo_data >> preprocess >> tune >> train >> deploy_enabled() >> deploy
-    [probe, search_space()] >> tune
+    pick_data() >> [demo_data, files]
+    train >> deploy_enabled() >> deploy

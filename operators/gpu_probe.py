@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from operators.contract import operator_setting
 from operators.errors import GPUNotAvailableError
 from operators.links.ray import RAY_JOB_XCOM_KEY
-from operators.ray_job import RayJobOperator
+from operators.stage import StageOperator
 from rayml.probe import NodeResources, plan_cpu
-from rayml.specs import ComputeSpec
+from rayml.specs import ComputeSpec, ProbeSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -25,7 +26,7 @@ def branch_on_compute(compute: dict[str, Any], *, gpu: str | list[str], cpu: str
     return gpu if ComputeSpec.from_dict(compute).use_gpu else cpu
 
 
-class GPUProbeOperator(RayJobOperator):
+class GPUProbeOperator(StageOperator):
     """Decide whether this run trains and serves on GPU or CPU, and size the workers.
 
     Where the cluster advertises no GPU (and ``wait_for_gpu_s`` is 0) the decision comes from the
@@ -34,43 +35,31 @@ class GPUProbeOperator(RayJobOperator):
     use means CPU, with that reason. The XCom is the compute spec (``rayml.specs.ComputeSpec``)
     that RayTrain, RayTune and RayServeDeploy take.
 
-    :param wait_for_gpu_s: on autoscaling clusters, ask for a GPU and wait up to this long before
-        deciding; the request is withdrawn afterwards. (templated)
-    :param smoke_timeout_s: how long the CUDA smoke test may wait for a GPU placement. (templated)
     :param require_gpu: fail the task instead of falling back to CPU. (templated)
-    :param max_workers: the most training workers to plan for. (templated)
     """
 
-    template_fields: Sequence[str] = (
-        *RayJobOperator.template_fields, "wait_for_gpu_s", "smoke_timeout_s", "require_gpu", "max_workers",
-    )
+    spec_type: ClassVar[type] = ProbeSpec
+    own_template_fields = ("require_gpu",)
     ui_color = "#fff4d6"
 
-    def __init__(self, *, wait_for_gpu_s: float = 0.0, smoke_timeout_s: float = 60.0, require_gpu: bool = False,
-                 max_workers: int = 4, **kwargs: Any) -> None:
+    def __init__(self, *, require_gpu: bool | str = False, **kwargs: Any) -> None:
         kwargs.setdefault("poll_interval_s", 0.5)
-        super().__init__(stage="probe", **kwargs)
-        self.wait_for_gpu_s = wait_for_gpu_s
-        self.smoke_timeout_s = smoke_timeout_s
+        super().__init__(**kwargs)
         self.require_gpu = require_gpu
-        self.max_workers = max_workers
-
-    def build_spec(self, context: Context) -> dict[str, Any]:
-        return {"wait_for_gpu_s": self.wait_for_gpu_s, "smoke_timeout_s": self.smoke_timeout_s,
-                "max_workers": self.max_workers}
 
     def execute(self, context: Context) -> dict[str, Any]:
         started = time.monotonic()
-        self.full_spec(context)  # validate the arguments before touching the cluster
+        spec = self.full_spec(context)  # validate the arguments before touching the cluster
+        self.require_gpu = operator_setting(self.require_gpu, bool, f"{self.task_id}.require_gpu")
         nodes = [
             NodeResources.from_resources(node_id, node["total"])
             for node_id, node in self.hook.get_cluster_resources().items()
             if node.get("state") == "ALIVE"
         ]
-        if not any(node.gpus >= 1 for node in nodes) and not self.wait_for_gpu_s:
+        if not any(node.gpus >= 1 for node in nodes) and not spec["wait_for_gpu_s"]:
             total_cpus = sum(node.cpus for node in nodes)
             compute = plan_cpu(
-                nodes, self.max_workers,
+                nodes, spec["max_workers"],
                 f"the Ray cluster advertises no GPU ({len(nodes)} node(s), {total_cpus:g} CPUs)",
                 decided_in_s=round(time.monotonic() - started, 3),
             )

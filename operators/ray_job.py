@@ -3,7 +3,8 @@
 An operator never preprocesses, trains or serves inside the Airflow worker. It builds a stage spec,
 runs ``python -m rayml.<stage> --spec '<json>'`` as a Ray job with the Ray-side package shipped in
 the job's ``runtime_env``, follows the job (streaming its log into the task log, or deferring to
-:class:`~operators.triggers.ray.RayJobTrigger`), and returns the job's result manifest as the XCom.
+:class:`~operators.triggers.ray.RayJobTrigger`), and returns the job's result manifest as the XCom
+(each of its keys also as an XCom of its own, for ``task.output["key"]``).
 
 Every try of one task run uses the same deterministic submission id, so a retried task re-attaches
 to a RUNNING job, reuses a SUCCEEDED job's manifest, and submits a new job (``-r1``, ``-r2``...)
@@ -25,6 +26,7 @@ import rayml
 from rayml import artifacts
 from rayml.constants import JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
 from rayml.errors import RayMLError
+from operators.contract import coerce_spec
 from operators.errors import InvalidSpecError, RayJobFailedError, RayJobTimeoutError, RayManifestError, RayOperatorError
 from operators.hooks.ray import RayHook
 from operators.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
@@ -88,6 +90,9 @@ class RayJobOperator(BaseOperator):
         job_timeout_s: float | None = 6 * 3600,
         **kwargs: Any,
     ) -> None:
+        # each manifest key is an XCom of its own too, so a DAG hands on exactly what the next task
+        # takes: `config=tune.output["best_config"]`, `source=demo_data.output["data_uris"]`
+        kwargs.setdefault("multiple_outputs", True)
         super().__init__(**kwargs)
         self.stage = stage
         self.spec = spec or {}
@@ -151,7 +156,8 @@ class RayJobOperator(BaseOperator):
             raise InvalidSpecError(
                 f"task {self.task_id!r}: unknown stage {self.stage!r}; it must be one of {sorted(spec_types)}"
             )
-        spec = {**self.build_spec(context), "artifact_dir": self.artifact_dir(context)}
+        # values a template rendered as text take their field's type here, once (operators.contract)
+        spec = coerce_spec(spec_type, {**self.build_spec(context), "artifact_dir": self.artifact_dir(context)})
         try:
             spec_type.from_dict(spec)
         except RayMLError as err:

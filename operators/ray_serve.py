@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import requests
 from airflow.sdk import BaseOperator
 
+from operators.contract import coerce_value, operator_setting
 from operators.errors import InvalidSpecError, RayOperatorError, ServeDeployError
 from operators.hooks.ray import RayHook
 from operators.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
@@ -53,7 +54,7 @@ def gate(challenger: float, champion: float | None, metric: str, min_improvement
 class RayServeDeployOperator(BaseOperator):
     """Deploy a trained model behind a Ray Serve HTTP endpoint, champion/challenger gated.
 
-    :param model: the RayTrain XCom (``model_dir``, ``model_version``, ``metrics``). (templated)
+    :param model: the RayTrain XCom (``model=train.output``: ``model_dir``, ``model_version``, ``metrics``). (templated)
     :param data: the preprocess task's XCom: its test split (``split_uris['test']``) and the
         preprocessor that wrote it (``preprocessor_uri``), which decodes the split's rows into the raw
         features the endpoint takes, for the smoke test and for scoring a champion that was evaluated
@@ -101,6 +102,7 @@ class RayServeDeployOperator(BaseOperator):
         artifact_root: str | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # task.output["key"], as the stage operators
         super().__init__(**kwargs)
         self.model = model
         self.data = data
@@ -320,14 +322,24 @@ class RayServeDeployOperator(BaseOperator):
             raise InvalidSpecError(f"route_prefix must be a path such as '/wine' (letters, digits, '.', '_', '-', "
                                    f"'/'), got {self.route_prefix!r}")
 
+    def coerce_settings(self) -> None:
+        """Templated values rendered as text take their types, as the stage operators' do (operators.contract)."""
+        self.model = coerce_value(self.model, dict[str, Any], f"{self.task_id}.model")
+        self.data = coerce_value(self.data, dict[str, Any] | None, f"{self.task_id}.data")
+        self.compute = coerce_value(self.compute, dict[str, Any] | None, f"{self.task_id}.compute")
+        self.min_improvement = operator_setting(self.min_improvement, float, f"{self.task_id}.min_improvement")
+        self.force = operator_setting(self.force, bool, f"{self.task_id}.force")
+
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
 
         self.check_endpoint_names()
+        self.coerce_settings()
         model = dict(self.model) if isinstance(self.model, dict) else {}
         for key in ("model_dir", "model_version", "metrics"):
             if key not in model:
-                raise RayOperatorError(f"model must be the RayTrain XCom with {key!r}; got keys {sorted(model)}")
+                raise InvalidSpecError(f"model must be the RayTrain XCom (model=train.output) with {key!r}; "
+                                       f"got {self.model!r:.200}")
         challenger = float(model["metrics"]["test"][self.metric])
         compute = dict(self.compute) if isinstance(self.compute, dict) else {}
         self.hook.check_access()
@@ -336,7 +348,7 @@ class RayServeDeployOperator(BaseOperator):
         context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
 
         champion, champion_version = self._champion_metric(model, rows, labels)
-        promote, why = gate(challenger, champion, self.metric, float(self.min_improvement), bool(self.force))
+        promote, why = gate(challenger, champion, self.metric, self.min_improvement, self.force)
         summary = {"challenger_version": model["model_version"], "champion_version": champion_version,
                    "metric": self.metric, "challenger": challenger, "champion": champion, "reason": why}
         if not promote:

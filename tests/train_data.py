@@ -88,3 +88,11 @@ def write_preprocessed(directory: str | Path, rows: int = 3000, seed: int = 7, s
     return {"split_uris": split_uris, "preprocessor_uri": str(preprocessor_uri), "preprocessor_variants": variants,
             "feature_columns": written.output_columns, "label_column": wine.LABEL,
             "fingerprint": f"wine-{rows}-{seed}", "rows": {k: len(v) for k, v in parts.items()}}
+
+
+def as_preprocess_xcom(fields: dict) -> dict:
+    """``write_splits``' train-spec fields in the shape of a preprocess task's XCom (``data=`` of RayTrain)."""
+    return {"split_uris": {"train": fields["train_uri"], "validation": fields["validation_uri"],
+                           "test": fields["test_uri"]},
+            "feature_columns": fields["feature_columns"], "label_column": fields["label_column"],
+            "preprocessor_uri": fields["preprocessor_uri"], "fingerprint": fields["data_fingerprint"]}

@@ -12,8 +12,9 @@ from operators.ray_job import RayJobOperator
 with DAG(dag_id="data_preprocess", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as data_preprocess:
     demo_data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 800, "seed": 3},
                                poll_interval_s=0.3)
-    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=5,
-                                           poll_interval_s=0.3)  # source: demo_data's data_uris
-    preprocess_ray_data = RayDataPreprocessOperator(task_id="preprocess_ray_data", label_range=[0, 10], seed=5,
-                                                    engine="ray_data", poll_interval_s=0.3)
-    demo_data >> [preprocess, preprocess_ray_data]
+    files = demo_data.output["data_uris"]
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", source=files, label_range=[0, 10], seed=5,
+                                           poll_interval_s=0.3)
+    preprocess_ray_data = RayDataPreprocessOperator(task_id="preprocess_ray_data", source=files,
+                                                    label_range=[0, 10], seed=5, engine="ray_data",
+                                                    poll_interval_s=0.3)

@@ -10,7 +10,7 @@ from airflow.sdk import DAG
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator, preprocessed_inputs
+from operators.ray_train import RayTrainOperator
 
 CONN_ID = "ray_longpath"
 
@@ -18,15 +18,13 @@ with DAG(dag_id="longpath_serve", schedule=None, start_date=datetime(2026, 1, 1)
          render_template_as_native_obj=True):
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 600, "seed": 5},
                           ray_conn_id=CONN_ID, poll_interval_s=0.3)
-    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=3,
-                                           ray_conn_id=CONN_ID, poll_interval_s=0.3)
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
+                                           label_range=[0, 10], seed=3, ray_conn_id=CONN_ID, poll_interval_s=0.3)
     train = RayTrainOperator(
         task_id="train", config={"family": "xgboost", "num_boost_round": 5, "eta": 0.3, "max_depth": 3},
-        ray_conn_id=CONN_ID, poll_interval_s=0.3, **preprocessed_inputs("preprocess"),
+        ray_conn_id=CONN_ID, poll_interval_s=0.3, data=preprocess.output,
     )
-    deploy = RayServeDeployOperator(
-        task_id="deploy", model="{{ ti.xcom_pull('train') }}",
-        data="{{ ti.xcom_pull('preprocess') }}",
+    RayServeDeployOperator(
+        task_id="deploy", model=train.output, data=preprocess.output,
         app_name="longpath", route_prefix="/longpath", ready_timeout_s=120, ray_conn_id=CONN_ID,
     )
-    data >> preprocess >> train >> deploy

@@ -9,7 +9,7 @@ from airflow.sdk import DAG
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_score import RayBatchScoreOperator
-from operators.ray_train import RayTrainOperator, preprocessed_inputs
+from operators.ray_train import RayTrainOperator
 
 START = datetime(2026, 1, 1)
 
@@ -17,16 +17,15 @@ with DAG(dag_id="score_model", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True):
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 1500, "seed": 5},
                           poll_interval_s=0.3)
-    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=2,
-                                           poll_interval_s=0.3)
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
+                                           label_range=[0, 10], seed=2, poll_interval_s=0.3)
     # The published UCI layout without the quality column: the type comes from the file names.
     new_wines = RayJobOperator(task_id="new_wines", stage="generate", poll_interval_s=0.3,
                                spec={"rows": 700, "seed": 99, "file_format": "uci", "with_label": False})
     train = RayTrainOperator(
         task_id="train", config={"family": "xgboost", "num_boost_round": 20}, poll_interval_s=0.3,
-        **preprocessed_inputs("preprocess"),
+        data=preprocess.output,
     )
-    data >> preprocess >> train
 
 with DAG(dag_id="score_file", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True):

@@ -9,7 +9,7 @@ from airflow.sdk import DAG
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator, preprocessed_inputs
+from operators.ray_train import RayTrainOperator
 
 START = datetime(2026, 1, 1)
 # Quality by construction: one shallow round learns almost nothing; more rounds learn more.
@@ -23,15 +23,10 @@ with DAG(dag_id="serve_models", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True):
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 2000, "seed": 11},
                           poll_interval_s=0.3)
-    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=3,
-                                           poll_interval_s=0.3)
-    trains = [
-        RayTrainOperator(
-            task_id=f"train_{name}", config=config, poll_interval_s=0.3, **preprocessed_inputs("preprocess"),
-        )
-        for name, config in MODELS.items()
-    ]
-    data >> preprocess >> trains
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
+                                           label_range=[0, 10], seed=3, poll_interval_s=0.3)
+    for name, config in MODELS.items():
+        RayTrainOperator(task_id=f"train_{name}", config=config, poll_interval_s=0.3, data=preprocess.output)
 
 
 def _deploy_dag(dag_id: str, **kwargs) -> DAG:

@@ -10,15 +10,8 @@ from operators.gpu_probe import GPUProbeOperator
 from operators.ray_train import RayTrainOperator
 
 START = datetime(2026, 1, 1)
-DATA = {
-    "train_uri": "{{ dag_run.conf['train_uri'] }}",
-    "validation_uri": "{{ dag_run.conf['validation_uri'] }}",
-    "test_uri": "{{ dag_run.conf['test_uri'] }}",
-    "feature_columns": "{{ dag_run.conf['feature_columns'] }}",
-    "preprocessor_uri": "{{ dag_run.conf['preprocessor_uri'] }}",
-    "data_fingerprint": "{{ dag_run.conf['data_fingerprint'] }}",
-    "config": "{{ dag_run.conf['config'] }}",
-}
+# the splits as a preprocess task's XCom, and the config, from the run conf
+DATA = {"data": "{{ dag_run.conf['data'] }}", "config": "{{ dag_run.conf['config'] }}"}
 
 
 def _train_dag(dag_id: str, probe: bool = False, **train_kwargs) -> DAG:

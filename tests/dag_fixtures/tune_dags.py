@@ -15,23 +15,16 @@ SMALL = {"num_samples": 4, "cpus_per_trial": 0.5, "max_concurrent_trials": 2, "r
 
 
 def _tune(**kwargs) -> RayTuneOperator:
-    return RayTuneOperator(task_id="tune", preprocess="{{ dag_run.conf['preprocess'] }}",
+    return RayTuneOperator(task_id="tune", data="{{ dag_run.conf['preprocess'] }}",
                            search_space="{{ dag_run.conf['search_space'] }}", poll_interval_s=0.3, **SMALL, **kwargs)
 
 
 # Tune, then train the best config as RayTrain would in the pipeline: config is the XCom as is.
 with DAG(dag_id="tune_then_train", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True) as tune_then_train:
-    _tune() >> RayTrainOperator(
-        task_id="train", poll_interval_s=0.3,
-        train_uri="{{ dag_run.conf['preprocess']['split_uris']['train'] }}",
-        validation_uri="{{ dag_run.conf['preprocess']['split_uris']['validation'] }}",
-        test_uri="{{ dag_run.conf['preprocess']['split_uris']['test'] }}",
-        feature_columns="{{ dag_run.conf['preprocess']['feature_columns'] }}",
-        preprocessor_uri="{{ dag_run.conf['preprocess']['preprocessor_uri'] }}",
-        preprocessor_variants="{{ dag_run.conf['preprocess']['preprocessor_variants'] }}",
-        config="{{ ti.xcom_pull('tune')['best_config'] }}",
-    )
+    tune = _tune()
+    RayTrainOperator(task_id="train", poll_interval_s=0.3, data="{{ dag_run.conf['preprocess'] }}",
+                     config=tune.output["best_config"])
 
 # Tune alone (a search whose trials all fail ends here).
 with DAG(dag_id="tune_only", schedule=None, start_date=START, catchup=False,

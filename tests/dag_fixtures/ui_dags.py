@@ -14,11 +14,10 @@ from airflow.sdk import DAG
 from operators.ray_data import RayDataPreprocessOperator
 from operators.ray_job import RayJobOperator
 from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator, preprocessed_inputs
+from operators.ray_train import RayTrainOperator
 from operators.ray_tune import RayTuneOperator
 
 START = datetime(2026, 1, 1)
-SPLITS = "ti.xcom_pull('preprocess')"
 UI_APP = "wine-ui"
 UI_ROUTE = "/wine-ui"
 
@@ -26,21 +25,17 @@ with DAG(dag_id="ray_ml_page_serve", schedule=None, start_date=START, catchup=Fa
          render_template_as_native_obj=True):
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 1200, "seed": 5},
                           poll_interval_s=0.3)
-    preprocess = RayDataPreprocessOperator(task_id="preprocess", label_range=[0, 10], seed=3,
-                                           poll_interval_s=0.3)
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
+                                           label_range=[0, 10], seed=3, poll_interval_s=0.3)
     tune = RayTuneOperator(
-        task_id="tune", num_samples=4, poll_interval_s=0.3,
+        task_id="tune", data=preprocess.output, num_samples=4, poll_interval_s=0.3,
         search_space={"family": {"choice": ["xgboost", "lightning"]}, "scaler": {"choice": ["standard", "minmax"]},
                       "xgboost": {"num_boost_round": 20, "max_depth": {"randint": [2, 6]}},
                       "lightning": {"max_epochs": 2, "hidden_sizes": [16]}},
     )
-    train = RayTrainOperator(
-        task_id="train", config="{{ ti.xcom_pull('tune')['best_config'] }}",
-        poll_interval_s=0.3, **preprocessed_inputs("preprocess"),
-    )
-    deploy = RayServeDeployOperator(
-        task_id="deploy", model="{{ ti.xcom_pull('train') }}",
-        data="{{ %s }}" % SPLITS,
+    train = RayTrainOperator(task_id="train", data=preprocess.output, config=tune.output["best_config"],
+                             poll_interval_s=0.3)
+    RayServeDeployOperator(
+        task_id="deploy", model=train.output, data=preprocess.output,
         app_name=UI_APP, route_prefix=UI_ROUTE, ready_timeout_s=120, force=True,
     )
-    data >> preprocess >> tune >> train >> deploy

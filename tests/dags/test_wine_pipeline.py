@@ -46,7 +46,10 @@ def _asset_events(name: str) -> list[dict]:
 
 
 def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
-    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 1, tzinfo=timezone.utc), **SMALL)
+    # Five operators handing on XComArgs, Params as text: no native rendering, and a templated
+    # require_gpu that renders as "False" (truthy as text) must let the CPU-only cluster through.
+    assert not load_dag("wine_quality_pipeline", ROOT / "dags").render_template_as_native_obj
+    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 1, tzinfo=timezone.utc), **SMALL, require_gpu=False)
     assert dag_run.state == "success", _states(dag_run)
     compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
     assert compute.use_gpu is False

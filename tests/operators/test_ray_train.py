@@ -20,7 +20,7 @@ from rayml.models import load_model
 from rayml.specs import ComputeSpec
 from tests.conftest import extra_cluster, load_dag, requires_cuda
 from tests.operators.test_ray_job import _xcom
-from tests.train_data import load_split, write_splits
+from tests.train_data import as_preprocess_xcom, load_split, write_splits
 
 LOGICAL_DATE = datetime(2026, 4, 1, tzinfo=timezone.utc)
 SMALL_LIGHTNING = {"family": "lightning", "hidden_sizes": [32, 16], "max_epochs": 12, "patience": 3}
@@ -34,9 +34,8 @@ def splits(tmp_path_factory) -> dict:
 
 
 def _run(dag_id: str, splits: dict, config: dict, logical_date: datetime = LOGICAL_DATE):
-    conf = {key: value for key, value in splits.items() if key != "label_column"}
     return load_dag(dag_id).test(logical_date=logical_date, run_after=logical_date,
-                                 run_conf={**conf, "config": config})
+                                 run_conf={"data": as_preprocess_xcom(splits), "config": config})
 
 
 def _predictions_inside(manifest: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -232,8 +231,12 @@ def _operator(**kwargs) -> RayTrainOperator:
     from airflow.sdk import DAG
 
     with DAG(dag_id="train_unit", schedule=None, start_date=datetime(2026, 1, 1)):
-        return RayTrainOperator(task_id="train", train_uri="/d/train.parquet", validation_uri="/d/val.parquet",
-                                test_uri="/d/test.parquet", feature_columns=["a", "b"], **kwargs)
+        return RayTrainOperator(task_id="train", data=kwargs.pop("data", PREPROCESSED), **kwargs)
+
+
+PREPROCESSED = {"split_uris": {"train": "/d/train", "validation": "/d/val", "test": "/d/test"},
+                "feature_columns": ["a", "b"], "label_column": "quality", "preprocessor_uri": "/d/p.json",
+                "preprocessor_variants": {"minmax": "/d/m.json"}, "fingerprint": "f1"}
 
 
 class _TI:
@@ -247,42 +250,34 @@ def test_train_operator_bad_config_fails_before_any_job(tmp_path):
         operator.full_spec({"ti": _TI(), "run_id": "r1"})
 
 
-def test_train_operator_text_rendered_compute_and_family_build_a_valid_spec(tmp_path):
+def test_train_operator_text_rendered_arguments_build_a_valid_spec(tmp_path):
+    """What a DAG without render_template_as_native_obj hands over: every value as text."""
     compute = ComputeSpec.cpu("probe said CPU", cpus_per_worker=0.5).to_dict()
-    operator = _operator(family="xgboost", config=json.dumps({"max_depth": 3}), compute=str(compute),
-                         artifact_root=str(tmp_path), num_workers="1")
+    operator = _operator(data=str(PREPROCESSED), config=json.dumps({"family": "xgboost", "max_depth": 3}),
+                         compute=str(compute), artifact_root=str(tmp_path), num_workers="1", seed="7",
+                         gpu_placement_timeout_s="2.5")
     spec = operator.full_spec({"ti": _TI(), "run_id": "r1"})
     assert spec["config"] == {"max_depth": 3, "family": "xgboost"}
-    assert spec["compute"] == compute and spec["num_workers"] == 1
+    assert spec["compute"] == compute and spec["num_workers"] == 1 and spec["seed"] == 7
+    assert spec["gpu_placement_timeout_s"] == 2.5
+    assert spec["train_uri"] == "/d/train" and spec["feature_columns"] == ["a", "b"]
+    assert spec["preprocessor_variants"] == {"minmax": "/d/m.json"} and spec["data_fingerprint"] == "f1"
     assert spec["artifact_dir"] == f"{tmp_path}/train_unit/r1/train"
+    assert _operator(num_workers="None", artifact_root=str(tmp_path)).full_spec(
+        {"ti": _TI(), "run_id": "r1"})["num_workers"] is None
+
+
+def test_train_operator_without_the_preprocess_xcom_says_what_to_pass(tmp_path):
+    operator = _operator(data={"split_uris": {"train": "/d/train"}}, artifact_root=str(tmp_path))
+    with pytest.raises(RayOperatorError, match=r"data lacks \['validation_uri', 'test_uri', 'feature_columns'.*"
+                                               r"data=preprocess.output"):
+        operator.full_spec({"ti": _TI(), "run_id": "r1"})
 
 
 def test_train_operator_template_fields_name_its_arguments():
     operator = _operator()
     for name in RayTrainOperator.template_fields:
         assert hasattr(operator, name), name
-    assert {"compute", "config", "feature_columns", "train_uri"} <= set(RayTrainOperator.template_fields)
-
-
-def test_preprocessed_inputs_render_every_data_argument_from_the_preprocess_xcom():
-    from jinja2.nativetypes import NativeEnvironment
-
-    from operators.ray_train import RayTrainOperator, preprocessed_inputs
-
-    manifest = {"split_uris": {"train": "/a/train", "validation": "/a/validation", "test": "/a/test"},
-                "feature_columns": ["alcohol", "pH"], "label_column": "quality", "preprocessor_uri": "/a/p.json",
-                "preprocessor_variants": {"minmax": "/a/minmax.json"}, "fingerprint": "sha256:ab"}
-
-    class TI:
-        def xcom_pull(self, task_id):
-            assert task_id == "prep"
-            return manifest
-
-    templates = preprocessed_inputs("prep")
-    assert set(templates) <= set(RayTrainOperator.template_fields)  # every one is rendered
-    env = NativeEnvironment()
-    rendered = {name: env.from_string(text).render(ti=TI()) for name, text in templates.items()}
-    assert rendered == {"train_uri": "/a/train", "validation_uri": "/a/validation", "test_uri": "/a/test",
-                        "feature_columns": ["alcohol", "pH"], "label_column": "quality",
-                        "preprocessor_uri": "/a/p.json", "preprocessor_variants": {"minmax": "/a/minmax.json"},
-                        "data_fingerprint": "sha256:ab"}
+    assert {"compute", "config", "data", "num_workers"} <= set(RayTrainOperator.template_fields)
+    assert "train_uri" not in RayTrainOperator.template_fields  # it comes from data
+    assert ":param max_failures: worker failures Ray Train recovers from" in RayTrainOperator.__doc__

@@ -145,8 +145,9 @@ MANIFEST = {"split_uris": {"train": "/d/train", "validation": "/d/validation", "
 def test_tune_operator_builds_its_spec_from_the_preprocess_xcom_and_compute(tmp_path):
     compute = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 1, "cpus_per_worker": 1.0,
                "accelerator": "cpu", "reason": "probe"}
-    operator = _operator(artifact_root=str(tmp_path), compute=compute, searcher="optuna", num_samples="8")
-    spec = operator.full_spec({"ti": _TI(MANIFEST), "run_id": "r1"})
+    operator = _operator(artifact_root=str(tmp_path), compute=compute, searcher="optuna", num_samples="8",
+                         data=MANIFEST)
+    spec = operator.full_spec({"ti": _TI(), "run_id": "r1"})
     assert spec["train_uri"] == "/d/train" and spec["validation_uri"] == "/d/validation"
     assert "test_uri" not in spec  # choosing never sees the test split
     assert spec["preprocessor_variants"] == MANIFEST["preprocessor_variants"] and spec["data_fingerprint"] == "f1"
@@ -156,18 +157,18 @@ def test_tune_operator_builds_its_spec_from_the_preprocess_xcom_and_compute(tmp_
 
 def test_tune_operator_bad_space_fails_before_any_job(tmp_path):
     operator = _operator(artifact_root=str(tmp_path), search_space={"family": "xgboost", "xgboost": {"eta": {"uniform": [0, 3]}}},
-                         preprocess=MANIFEST)
+                         data=MANIFEST)
     with pytest.raises(RayOperatorError, match=r"invalid tune spec.*\['eta'\] allows 0, which training rejects"):
         operator.full_spec({"ti": _TI(), "run_id": "r1"})
 
 
 def test_tune_operator_without_a_validation_split_says_what_to_change(tmp_path):
-    operator = _operator(artifact_root=str(tmp_path), preprocess={**MANIFEST, "split_uris": {"train": "/d/t"}})
-    with pytest.raises(RayOperatorError, match="validation fraction > 0"):
+    operator = _operator(artifact_root=str(tmp_path), data={**MANIFEST, "split_uris": {"train": "/d/t"}})
+    with pytest.raises(RayOperatorError, match="lacks \\['validation_uri'\\].*with train and validation splits"):
         operator.full_spec({"ti": _TI(), "run_id": "r1"})
 
 
 def test_tune_operator_template_fields_name_its_arguments():
-    operator = _operator()
+    operator = _operator(data=MANIFEST)
     for name in RayTuneOperator.template_fields:
         assert hasattr(operator, name), name
