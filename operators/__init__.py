@@ -29,6 +29,30 @@ def get_provider_info() -> dict:
         # Airflow loads a provider's plugins only with [core] lazy_discover_providers = False; the
         # package's "airflow.plugins" entry point (pyproject.toml) loads the page by default.
         "plugins": [{"name": "ray_ml", "plugin-class": "operators.plugins.ray_ml.RayMLPlugin"}],
+        "config": {
+            "ray_ml": {
+                "description": "The \"Ray ML\" page of the Airflow UI (operators/plugins/ray_ml.py).",
+                "options": {
+                    "ray_conn_id": {
+                        "description": "The connection the page reads Ray through; empty: the hook's "
+                        "default connection (ray_default).",
+                        "version_added": None, "type": "string", "example": "ray_prod", "default": None,
+                    },
+                    "dashboard_url": {
+                        "description": "The Ray dashboard as a person's browser reaches it, when not "
+                        "where Airflow does (e.g. inside docker compose); empty: the connection's.",
+                        "version_added": None, "type": "string", "example": "http://127.0.0.1:8265",
+                        "default": None,
+                    },
+                    "serve_url": {
+                        "description": "Ray Serve's HTTP address as a person's browser reaches it; "
+                        "empty: the connection's.",
+                        "version_added": None, "type": "string", "example": "http://127.0.0.1:8000",
+                        "default": None,
+                    },
+                },
+            }
+        },
         "connection-types": [
             {
                 "hook-class-name": "operators.hooks.ray.RayHook",
