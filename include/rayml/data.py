@@ -48,7 +48,7 @@ from rayml.errors import DataSourceError
 from rayml.preprocessor import Moments, Preprocessor
 from rayml.specs import SCALERS, PreprocessResult, PreprocessSpec
 from rayml.stage import main_of, run_stage
-from rayml.tables import PARQUET_SUFFIXES, _colour_from_name, detect_delimiter, open_url
+from rayml.tables import PARQUET_SUFFIXES, colour_from_name, detect_delimiter, open_url
 from rayml.wine import TYPE_COLUMN
 
 log = logging.getLogger("rayml.data")
@@ -231,7 +231,7 @@ def inspect_source(uri: str, path: str, spec: PreprocessSpec) -> SourceLayout:
             f"{uri!r} has duplicate column name(s) {duplicates} in its header {layout.columns}: "
             "rename them so each column name is unique"
         )
-    colour = _colour_from_name(uri)
+    colour = colour_from_name(uri)
     if colour and TYPE_COLUMN not in layout.columns:
         layout.derived[TYPE_COLUMN] = colour
     return layout
