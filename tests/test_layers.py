@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import os
 import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
 import rayml
+from tests.conftest import ROOT
 
 RAYML_DIR = Path(rayml.__file__).parent
 
@@ -32,7 +34,7 @@ def test_rayml_sources_never_import_airflow_or_operators():
 
 
 def test_importing_every_rayml_module_loads_no_airflow():
-    modules = [f"rayml.{info.name}" for info in pkgutil.walk_packages([str(RAYML_DIR)])]
+    modules = [info.name for info in pkgutil.walk_packages(rayml.__path__, "rayml.")]
     assert "rayml.stage" in modules
     code = (
         "import importlib, sys\n"
@@ -40,7 +42,9 @@ def test_importing_every_rayml_module_loads_no_airflow():
         "loaded = sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.'))\n"
         "print(loaded); sys.exit(1 if loaded else 0)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    # This checkout's rayml, not whichever one the interpreter has installed (an editable install of another).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
