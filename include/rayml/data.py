@@ -46,7 +46,8 @@ import numpy as np
 from rayml import artifacts
 from rayml.errors import DataSourceError
 from rayml.preprocessor import Moments, Preprocessor
-from rayml.specs import SCALERS, PreprocessResult, PreprocessSpec
+from rayml.constants import SCALERS
+from rayml.specs import PreprocessResult, PreprocessSpec
 from rayml.stage import main_of, run_stage
 from rayml.tables import PARQUET_SUFFIXES, colour_from_name, detect_delimiter, open_url
 from rayml.wine import TYPE_COLUMN

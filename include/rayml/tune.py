@@ -37,8 +37,9 @@ from rayml.errors import TuneError
 from rayml.metrics import regression_metrics
 from rayml.models import MODEL_CARD, PREPROCESSOR
 from rayml.search_space import BUDGET_KEYS, SearchSpace
-from rayml.specs import ComputeSpec, TuneResult, TuneSpec, resolve_train_config
+from rayml.specs import ComputeSpec, TuneResult, TuneSpec
 from rayml.stage import main_of, run_stage
+from rayml.train.config import resolve_train_config
 
 log = logging.getLogger("rayml.tune")
 

@@ -18,6 +18,7 @@ Run as ``python -m rayml.train --spec '<json>'`` (a Ray job). The stage
 Modules, in the order a run uses them:
 
 - :mod:`rayml.train.stage`: :func:`~rayml.train.stage.run_training` and ``main``, the entry point;
+- :mod:`rayml.train.config`: each family's hyperparameter defaults and their validation;
 - :mod:`rayml.train.sizing`: right-sizing (workers, GPU placement);
 - :mod:`rayml.train.splits`: reading the splits, and the map to another scaler;
 - :mod:`rayml.train.contexts`: where a loop runs (Ray Train worker, Tune trial, the job's process);
@@ -25,5 +26,7 @@ Modules, in the order a run uses them:
 - :mod:`rayml.train.run_dir`: the files a loop leaves for the driver, and the Ray Train run's name;
 - :mod:`rayml.train.model_card`: metrics, baseline and the model card.
 
-This ``__init__`` imports nothing, so importing one module loads only what that module needs.
+This ``__init__`` imports nothing, so importing one module loads only what that module needs:
+:mod:`rayml.specs`, which the Airflow side imports, imports :mod:`rayml.train.config`, and must
+not bring numpy or pyarrow with it.
 """
