@@ -33,6 +33,7 @@ def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarra
 
 
 def checkpoint_every(cfg: dict[str, Any]) -> int:
+    """Checkpoint (and report) every this many epochs or rounds: the spec's, else every epoch or a tenth of the rounds."""
     if cfg["checkpoint_every"]:
         return cfg["checkpoint_every"]
     if cfg["config"]["family"] == "xgboost":

@@ -35,16 +35,19 @@ def announce_worker(cfg: dict[str, Any], rank: int) -> None:
 
 
 def write_evaluation(cfg: dict[str, Any], split: str, labels: np.ndarray, predictions: np.ndarray) -> None:
+    """A split's labels and predictions, as ``evaluation/<split>.npz``."""
     buffer = io.BytesIO()
     np.savez(buffer, y_true=labels.astype(np.float64), y_pred=predictions.astype(np.float64))
     artifacts.write_bytes_atomic(artifacts.join(cfg["artifact_dir"], EVALUATION_DIR, f"{split}.npz"), buffer.getvalue())
 
 
 def write_final(cfg: dict[str, Any], final: dict[str, Any]) -> None:
+    """What the loop ran (epochs or rounds, the device), as ``evaluation/final.json``."""
     artifacts.write_json_atomic(artifacts.join(cfg["artifact_dir"], EVALUATION_DIR, "final.json"), final)
 
 
 def read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """A split's labels and predictions, as :func:`write_evaluation` wrote them."""
     with np.load(io.BytesIO(artifacts.read_bytes(artifacts.join(artifact_dir, EVALUATION_DIR, f"{split}.npz"))),
                  allow_pickle=False) as data:
         return data["y_true"], data["y_pred"]
@@ -70,5 +73,6 @@ def run_name(artifact_dir: str) -> str:
 
 
 def storage_path(artifact_dir: str) -> str:
+    """Where Ray Train keeps the run's checkpoints: ``train_runs/`` under the artifact directory."""
     uri = artifacts.join(artifact_dir, TRAIN_RUNS_DIR)
     return uri if artifacts.is_remote(uri) else artifacts.resolve(uri)[1]
