@@ -17,7 +17,7 @@ outside the timing). Then, one after the other on the same files:
 
 The stage's fixed cost is measured apart, so the reader sees where the time goes: job submit to
 RUNNING for a trivial entrypoint (``python -c pass``), the driver's imports (``python -c "import
-rayml.data"`` in a fresh process) and the whole stage on 100 rows.
+rayml.data.stage"`` in a fresh process) and the whole stage on 100 rows.
 
 Peak memory is measured the same way for every engine: the largest sum of PSS (proportional set
 size, so shared pages are not counted twice) sampled every 0.2 s over the engine's processes
@@ -114,7 +114,10 @@ def run_pandas(paths: list[str], out: str) -> dict:
     import pandas as pd
 
     from rayml import artifacts
-    from rayml.data import BatchContext, build_profile, merge_summaries, raise_findings, summarise, transform
+    from rayml.data.batch import BatchContext
+    from rayml.data.profile import build_profile, merge_summaries, summarise
+    from rayml.data.transform import transform
+    from rayml.data.validation import raise_findings
     from rayml.preprocessor import Moments, Preprocessor
     from rayml.specs import PreprocessSpec
     from rayml.wine import FEATURES, LABEL, TYPE_COLUMN
@@ -243,7 +246,7 @@ def fixed_costs(client, cluster, work: Path) -> dict:
     imports = []
     for _ in range(3):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import rayml.data"], env=env, check=True)
+        subprocess.run([sys.executable, "-c", "import rayml.data.stage"], env=env, check=True)
         imports.append(time.perf_counter() - started)
     small = write_inputs(FIXED_ROWS, work / "in-fixed")
     stage = [measure_stage(client, cluster, small, work / f"out-fixed-{index}")["seconds"] for index in range(3)]
@@ -321,7 +324,7 @@ def main() -> None:
                   f"{pandas['seconds'] / found['seconds']:>14.2f}x | {found['peak_mb']:>8,.0f} | "
                   f"{found['peak_mb'] / pandas['peak_mb']:>12.2f}x")
     print(f"stage fixed cost (medians of 3): job submit -> RUNNING {fixed['to_running']:.2f} s; driver imports "
-          f"(python -c 'import rayml.data') {fixed['imports']:.2f} s; the whole stage on {FIXED_ROWS} rows, submit -> "
+          f"(python -c 'import rayml.data.stage') {fixed['imports']:.2f} s; the whole stage on {FIXED_ROWS} rows, submit -> "
           f"manifest {fixed['stage']:.2f} s")
     print(f"seconds: median of {args.repeats} run(s); pandas from spawn to exit on one core, the stage from job submit "
           f"to manifest; load average (1 min) during the run: {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")

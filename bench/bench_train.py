@@ -103,7 +103,7 @@ def fixed_costs(client) -> dict[str, float]:
             time.sleep(0.05)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
     imports = {}
-    for name, code in (("train_xgboost", "import rayml.train, xgboost, pyarrow.parquet"),
+    for name, code in (("train_xgboost", "import rayml.train.stage, xgboost, pyarrow.parquet"),
                        ("ray_train", "import ray; import ray.train.xgboost")):
         seconds = []
         for _ in range(3):

@@ -19,3 +19,6 @@ JOB_ENV_VARS = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
 }
 """Environment every stage job gets in its runtime_env."""
+
+SCALERS = ("standard", "minmax", "none")
+"""The preprocessor's scalers: what a preprocess spec, a train config or a search space may name."""

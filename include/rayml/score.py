@@ -29,7 +29,7 @@ from rayml.errors import DataSourceError
 from rayml.models import MODEL_CARD
 from rayml.specs import ScoreResult, ScoreSpec
 from rayml.stage import main_of, run_stage
-from rayml.tables import PARQUET_SUFFIXES, _colour_from_name, detect_delimiter
+from rayml.tables import PARQUET_SUFFIXES, colour_from_name, detect_delimiter
 from rayml.wine import TYPE_COLUMN
 
 log = logging.getLogger("rayml.score")
@@ -105,7 +105,7 @@ class BatchScorer:
 
         if self.colour_by_path:
             paths = batch.pop(PATH_COLUMN)
-            colours = paths.map(_colour_from_name)
+            colours = paths.map(colour_from_name)
             if colours.isna().any():
                 self._fail(f"rows of {paths[colours.isna()].iloc[0]!r} have no {TYPE_COLUMN!r} column and its "
                            "name says neither red nor white; add the column")
@@ -189,7 +189,7 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     preprocessor = Preprocessor.load(artifacts.join(spec.model_dir, "preprocessor.json"))
     needed = list(preprocessor.input_columns)
     colour_by_path = (TYPE_COLUMN in needed and TYPE_COLUMN not in names
-                      and all(_colour_from_name(f) for f in files))
+                      and all(colour_from_name(f) for f in files))
     missing = [c for c in needed if c not in names and not (c == TYPE_COLUMN and colour_by_path)]
     if missing:
         raise DataSourceError(f"{files[0]!r} lacks column(s) {missing} that model {version} needs; "

@@ -29,8 +29,9 @@ import copy
 import math
 from typing import Any
 
+from rayml.constants import SCALERS
 from rayml.errors import SpecError
-from rayml.specs import FAMILIES, LIGHTNING_DEFAULTS, SCALERS, XGBOOST_DEFAULTS, resolve_train_config
+from rayml.train.config import FAMILIES, LIGHTNING_DEFAULTS, XGBOOST_DEFAULTS, resolve_train_config
 
 DOMAINS = ("choice", "uniform", "loguniform", "randint", "grid")
 BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round"}

@@ -2,69 +2,24 @@
 
 Every spec validates itself in ``__post_init__`` and quotes the bad value, so a mistake in a DAG is
 reported before any Ray job starts. ``to_dict``/``from_dict`` round-trip through plain JSON types.
+
+What the specs build on lives beside them: the JSON round-trip and the field checks in
+:mod:`rayml.spec_base`, the train config's defaults and their validation in
+:mod:`rayml.train.config` (re-exported here), the search space's schema in :mod:`rayml.search_space`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
+from rayml.constants import SCALERS
 from rayml.errors import SpecError
-
-SpecT = TypeVar("SpecT", bound="JsonDataclass")
-
-
-class JsonDataclass:
-    """Mixin giving a dataclass a strict JSON round-trip."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls: type[SpecT], data: dict[str, Any]) -> SpecT:
-        if not isinstance(data, dict):
-            raise SpecError(f"{cls.__name__} needs a JSON object, got {data!r}")
-        known = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SpecError(
-                f"{cls.__name__} got unknown field(s) {unknown}; the known fields are {sorted(known)}"
-            )
-        try:
-            return cls(**data)
-        except TypeError as err:
-            raise SpecError(f"{cls.__name__}: {err}") from err
-
-    @classmethod
-    def from_json(cls: type[SpecT], text: str) -> SpecT:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise SpecError(f"{cls.__name__} spec is not valid JSON ({err}): {text[:200]!r}") from err
-        return cls.from_dict(data)
-
-
-def require_non_empty(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise SpecError(f"{owner}.{name} must be a non-empty string, got {value!r}")
-
-
-def require_int_range(owner: str, name: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
-        high is not None and value > high
-    ):
-        upper = "" if high is None else f" and <= {high}"
-        raise SpecError(f"{owner}.{name} must be an integer >= {low}{upper}, got {value!r}")
-
-
-def require_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise SpecError(f"{owner}.{name} must be one of {list(choices)}, got {value!r}")
+from rayml.spec_base import JsonDataclass, require_choice, require_int_range, require_non_empty
+# The train stage's config: TrainSpec checks its config with resolve_train_config, and the
+# family defaults are the documented place to look them up (rayml.specs.LIGHTNING_DEFAULTS).
+from rayml.train.config import LIGHTNING_DEFAULTS, XGBOOST_DEFAULTS, resolve_train_config  # noqa: F401
 
 
 @dataclasses.dataclass
@@ -205,7 +160,6 @@ class ProbeSpec(StageSpec):
         require_int_range("ProbeSpec", "max_workers", self.max_workers, 1)
 
 
-SCALERS = ("standard", "minmax", "none")
 NAN_POLICIES = ("fail", "drop")
 DELIMITERS = ("auto", ",", ";", "\t")
 FILE_FORMATS = ("auto", "csv", "parquet")
@@ -365,79 +319,8 @@ def require_variants(owner: str, variants: Any) -> None:
         raise SpecError(f"{owner}.preprocessor_variants must map scalers {list(SCALERS)} to URIs, got {variants!r}")
 
 
-FAMILIES = ("lightning", "xgboost")
 DATA_LOADING = ("auto", "ray_data", "direct")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
-
-LIGHTNING_DEFAULTS: dict[str, Any] = {
-    "hidden_sizes": [64, 32],
-    "dropout": 0.1,
-    "lr": 3e-3,
-    "weight_decay": 1e-4,
-    "batch_size": 128,
-    "max_epochs": 30,
-    "patience": 5,
-}
-"""Lightning MLP hyperparameters used where the config does not name them."""
-
-XGBOOST_DEFAULTS: dict[str, Any] = {
-    "max_depth": 6,
-    "eta": 0.1,
-    "subsample": 0.8,
-    "colsample_bytree": 0.8,
-    "min_child_weight": 1.0,
-    "reg_lambda": 1.0,
-    "num_boost_round": 200,
-    "early_stopping_rounds": 20,
-}
-"""XGBoost booster parameters used where the config does not name them."""
-
-# Keys a config may carry besides hyperparameters: RayTune's best config has its own bookkeeping,
-# and its ``scaler`` (which preprocessor variant the features use) is handled by the train stage.
-_CONFIG_IGNORED = ("family", "seed", "trial_id", "score", "scaler")
-
-
-def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Merge a (possibly partial) config over the family's defaults; raise SpecError on a bad one."""
-    if not isinstance(config, dict):
-        raise SpecError(f"TrainSpec.config must be a JSON object, got {config!r}")
-    family = config.get("family", "lightning")
-    require_choice("TrainSpec", "config['family']", family, FAMILIES)
-    if "scaler" in config:
-        require_choice("TrainSpec", "config['scaler']", config["scaler"], SCALERS)
-    defaults = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
-    unknown = sorted(set(config) - set(defaults) - set(_CONFIG_IGNORED))
-    if unknown and family == "lightning":
-        raise SpecError(
-            f"TrainSpec.config has unknown lightning hyperparameter(s) {unknown}; known: {sorted(defaults)}"
-        )
-    resolved = {**defaults, **{k: v for k, v in config.items() if k not in _CONFIG_IGNORED}, "family": family}
-    owner = "TrainSpec.config"
-    if family == "lightning":
-        sizes = resolved["hidden_sizes"]
-        if not isinstance(sizes, list) or not sizes or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes
-        ):
-            raise SpecError(f"{owner}['hidden_sizes'] must be a non-empty list of positive integers, got {sizes!r}")
-        for name in ("lr", "weight_decay", "dropout"):
-            value = resolved[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SpecError(f"{owner}[{name!r}] must be a number >= 0, got {value!r}")
-        if resolved["dropout"] >= 1:
-            raise SpecError(f"{owner}['dropout'] must be below 1, got {resolved['dropout']!r}")
-        for name in ("batch_size", "max_epochs"):
-            require_int_range(owner, repr(name), resolved[name], 1)
-        require_int_range(owner, "'patience'", resolved["patience"], 0)
-    else:
-        # Unknown keys go to the booster as they are (XGBoost has many); the ones we use are checked.
-        require_int_range(owner, "'max_depth'", resolved["max_depth"], 0)
-        require_int_range(owner, "'num_boost_round'", resolved["num_boost_round"], 1)
-        require_int_range(owner, "'early_stopping_rounds'", resolved["early_stopping_rounds"], 0)
-        for name in ("eta", "subsample", "colsample_bytree"):
-            value = resolved[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise SpecError(f"{owner}[{name!r}] must be a number in (0, 1], got {value!r}")
-    return resolved
 
 
 @dataclasses.dataclass

@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 from rayml import artifacts
 from rayml.constants import MANIFEST_LOG_MARKER, STATUS_FAILED, STATUS_SUCCEEDED
 from rayml.errors import RayMLError
-from rayml.specs import JsonDataclass, StageSpec
+from rayml.spec_base import JsonDataclass
+from rayml.specs import StageSpec
 
 log = logging.getLogger("rayml")
 

@@ -57,7 +57,8 @@ def fingerprint(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _colour_from_name(source: str) -> str | None:
+def colour_from_name(source: str) -> str | None:
+    """``red`` or ``white`` when the file's name says exactly one of them (the UCI files), else None."""
     name = os.path.basename(source.rstrip("/")).lower()
     colours = [colour for colour in ("red", "white") if colour in name]
     return colours[0] if len(colours) == 1 else None
@@ -85,7 +86,7 @@ def parse_table(source: str, data: bytes) -> pd.DataFrame:
 def read_table(source: str) -> pd.DataFrame:
     """Read one source into a DataFrame."""
     frame = parse_table(source, read_source_bytes(source))
-    colour = _colour_from_name(source)
+    colour = colour_from_name(source)
     if colour and TYPE_COLUMN not in frame.columns:
         frame.insert(0, TYPE_COLUMN, colour)
     return frame

@@ -37,8 +37,9 @@ from rayml.errors import TuneError
 from rayml.metrics import regression_metrics
 from rayml.models import MODEL_CARD, PREPROCESSOR
 from rayml.search_space import BUDGET_KEYS, SearchSpace
-from rayml.specs import ComputeSpec, TuneResult, TuneSpec, resolve_train_config
+from rayml.specs import ComputeSpec, TuneResult, TuneSpec
 from rayml.stage import main_of, run_stage
+from rayml.train.config import resolve_train_config
 
 log = logging.getLogger("rayml.tune")
 
@@ -66,7 +67,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     """
     from ray import tune
 
-    from rayml.train import lightning_train_loop, tune_report, xgboost_train_loop
+    from rayml.train.loops import lightning_train_loop, tune_report, xgboost_train_loop
 
     space = SearchSpace(base["search_space"])
     config = space.decode(sampled)
@@ -272,13 +273,13 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     import ray
     from ray import tune
 
-    from rayml.train import _label_stats, _parquet_dataset, scaler_plan
+    from rayml.train.splits import ParquetSplit, label_stats, scaler_plan
 
     started_wall, started = time.time(), time.monotonic()
     space = spec.space()
     columns = [*spec.feature_columns, spec.label_column]
-    train_rows, label_mean = _label_stats(spec.train_uri, spec.label_column, columns)
-    _parquet_dataset(spec.validation_uri, columns)
+    train_rows, label_mean = label_stats(spec.train_uri, spec.label_column, columns)
+    ParquetSplit(spec.validation_uri, columns)
     scalers = {}
     for scaler in space.scalers:
         if scaler is not None:

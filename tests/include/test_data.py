@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from rayml import wine
-from rayml.data import assign_splits
+from rayml.data.split import assign_splits
 from rayml.errors import SpecError
 from rayml.preprocessor import Moments, Preprocessor, feature_affine
 from rayml.specs import PreprocessSpec
@@ -54,7 +54,7 @@ def test_split_assignment_same_rows_whatever_the_batching(frame):
 
 
 def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
-    from rayml.data import _hash_columns, _hash_key
+    from rayml.data.split import hash_columns, hash_key
 
     texts = ["", "red", "white", "rosé", "x" * 7, "y" * 8, "z" * 9, "日本語", "a" * 100]
     texts += [f"value-{index}-{'q' * (index % 23)}" for index in range(60)]
@@ -63,12 +63,12 @@ def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
     for seed in (0, 5, 123):
         expected = pd.util.hash_pandas_object(
             pd.DataFrame({"a": floats, "b": pd.Categorical.from_codes(codes, categories=pd.Index(texts, dtype=object))}),
-            index=False, hash_key=_hash_key(seed)).to_numpy()
-        np.testing.assert_array_equal(_hash_columns([floats, (codes, texts)], seed), expected)
+            index=False, hash_key=hash_key(seed)).to_numpy()
+        np.testing.assert_array_equal(hash_columns([floats, (codes, texts)], seed), expected)
 
 
 def test_data_stage_module_imports_without_pandas():
-    code = "import sys, rayml.data; assert 'pandas' not in sys.modules, 'rayml.data imported pandas'"
+    code = "import sys, rayml.data.stage; assert 'pandas' not in sys.modules, 'rayml.data.stage imported pandas'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -76,7 +76,7 @@ def test_data_stage_module_imports_without_pandas():
 
 FRESH_RUN = """
 import json, sys
-from rayml.data import run_preprocess
+from rayml.data.stage import run_preprocess
 from rayml.specs import PreprocessSpec
 outcomes = {}
 for name, fields in json.loads(sys.argv[1]).items():
@@ -107,7 +107,7 @@ def test_direct_engine_in_a_fresh_process_needs_neither_pandas_nor_pyarrow_compu
     assert outcomes["csv"] == "ok" and outcomes["csv imported"] == []
     assert "'alcohol' must be numeric" in outcomes["text"] and "twelve" in outcomes["text"]
     assert "pandas" in outcomes["text imported"]
-    from rayml.data import run_preprocess
+    from rayml.data.stage import run_preprocess
 
     here = run_preprocess(PreprocessSpec(**{**specs["csv"], "artifact_dir": str(tmp_path / "here")}))
     for split in ("train", "validation", "test"):
@@ -118,18 +118,18 @@ def test_direct_engine_in_a_fresh_process_needs_neither_pandas_nor_pyarrow_compu
 def test_dictionary_codes_unify_chunks_with_their_own_dictionaries():
     import pyarrow as pa
 
-    from rayml.data import _dictionary_codes
+    from rayml.data.batch import dictionary_codes
 
     first = pa.DictionaryArray.from_arrays(pa.array([1, 0, None, 1], pa.int32()), pa.array(["red", "white"]))
     second = pa.DictionaryArray.from_arrays(pa.array([0, 1, 1], pa.int32()), pa.array(["white", "rosé"]))
-    codes, values = _dictionary_codes(pa.chunked_array([first, second]))
+    codes, values = dictionary_codes(pa.chunked_array([first, second]))
     decoded = [values[code] if code >= 0 else None for code in codes]
     assert decoded == ["white", "red", None, "white", "white", "rosé", "rosé"]
     assert codes.dtype == np.int32 and sorted(values) == ["red", "rosé", "white"]
 
 
 def test_take_rows_equals_fancy_indexing_in_column_major_order():
-    from rayml.data import take_rows
+    from rayml.data.profile import take_rows
 
     numeric = np.asfortranarray(np.random.default_rng(3).normal(size=(500, 6)))
     mask = np.random.default_rng(4).random(500) < 0.3
@@ -219,7 +219,7 @@ import json, sys, traceback
 import ray, rayml, os
 ray.init(runtime_env={"py_modules": [os.path.dirname(rayml.__file__)]}, logging_level="WARNING",
          log_to_driver=False)
-from rayml.data import run_preprocess
+from rayml.data.stage import run_preprocess
 from rayml.specs import PreprocessSpec
 outcomes = {}
 for name, fields in json.load(open(sys.argv[1])).items():

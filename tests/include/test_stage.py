@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from rayml import artifacts
 from rayml.constants import MANIFEST_LOG_MARKER
 from rayml.generate import main as generate_main
+from tests.conftest import ROOT
+
+# This checkout's rayml, not whichever one the interpreter has installed (an editable install of another).
+CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
 
 
 def _spec(tmp_path, **fields) -> str:
@@ -42,8 +49,18 @@ def test_stage_runtime_error_writes_failed_manifest(tmp_path):
 
 def test_stage_runs_as_module_with_exit_code(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "rayml.generate", "--spec", _spec(tmp_path, rows=100)],
-                        capture_output=True, text=True)
+                        capture_output=True, text=True, env=CHECKOUT_ENV)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run([sys.executable, "-m", "rayml.generate", "--spec", "not json"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=CHECKOUT_ENV)
     assert bad.returncode == 1 and "not valid JSON" in bad.stdout
+
+
+@pytest.mark.parametrize("stage, spec_type", [("generate", "GenerateSpec"), ("probe", "ProbeSpec"),
+                                              ("data", "PreprocessSpec"), ("train", "TrainSpec"),
+                                              ("tune", "TuneSpec"), ("score", "ScoreSpec")])
+def test_every_stage_runs_as_python_dash_m(stage, spec_type):
+    """``python -m rayml.<stage>`` (what a Ray job runs) reaches that stage's entry point."""
+    done = subprocess.run([sys.executable, "-m", f"rayml.{stage}", "--spec", "not json"],
+                          capture_output=True, text=True, env=CHECKOUT_ENV, timeout=120)
+    assert done.returncode == 1 and f"{spec_type} spec is not valid JSON" in done.stdout, done.stdout + done.stderr

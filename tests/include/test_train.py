@@ -17,7 +17,8 @@ from rayml.errors import ArtifactError, SpecError
 from rayml.metrics import regression_metrics
 from rayml.models import load_model
 from rayml.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
-from rayml.train import plan_workers, run_name
+from rayml.train.run_dir import run_name
+from rayml.train.sizing import plan_workers
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
         "test_uri": "/d/test.parquet", "feature_columns": ["x1", "x2", "x3"]}
@@ -94,7 +95,7 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     fields = write_splits(tmp_path / "splits", rows=1500, seed=3)
     # Over scale_out_min_rows with the default compute (one CPU worker): still in-process.
     spec = {**fields, "artifact_dir": str(tmp_path / "train"), "config": config, "scale_out_min_rows": 500}
-    code = ("import json, sys; from rayml.specs import TrainSpec; from rayml.train import run_training; "
+    code = ("import json, sys; from rayml.specs import TrainSpec; from rayml.train.stage import run_training; "
             "result = run_training(TrainSpec.from_json(sys.argv[1])); "
             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'; "
             "print(json.dumps(result.to_dict()))")

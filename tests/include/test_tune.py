@@ -13,7 +13,7 @@ from rayml.errors import SpecError
 from rayml.preprocessor import Moments, Preprocessor, feature_affine
 from rayml.search_space import DEFAULT_SEARCH_SPACE, SearchSpace
 from rayml.specs import TuneSpec, resolve_train_config
-from rayml.train import scaler_plan
+from rayml.train.splits import scaler_plan
 from rayml.tune import leaderboard_csv, plot_leaderboard, sort_rows
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train", "validation_uri": "/d/validation",
