@@ -20,7 +20,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 RAY_US
 # uid 50000 and gid 0, like the `airflow` user of Airflow's image: both write the shared artifacts.
 RUN useradd --uid 50000 --gid 0 --create-home --shell /bin/bash ray
 WORKDIR /opt/airflow-ray-ml
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY operators ./operators
 COPY include ./include
 COPY scripts/compose_init.py ./compose_init.py
@@ -43,7 +43,7 @@ FROM apache/airflow:3.3.2-python3.11 AS airflow
 # The image's convention: install Python packages as the `airflow` user, and pin apache-airflow to
 # the image's own version in the same command so pip never up- or downgrades it.
 USER airflow
-COPY --chown=airflow:root pyproject.toml README.md /opt/airflow/project/
+COPY --chown=airflow:root pyproject.toml README.md LICENSE /opt/airflow/project/
 COPY --chown=airflow:root operators /opt/airflow/project/operators
 COPY --chown=airflow:root include /opt/airflow/project/include
 RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" /opt/airflow/project
