@@ -456,7 +456,7 @@ class RayHook(BaseHook):
                 # No total limit: the stream lives as long as the job; only connecting is bounded.
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s),
             ) as session, session.ws_connect(
-                f"{self.dashboard_url}{path}", ssl=None if self.verify_tls else False,
+                f"{self.dashboard_url}{path}", ssl=self.verify_tls,
                 heartbeat=LOG_STREAM_HEARTBEAT_S,
             ) as stream:
                 async for message in stream:

@@ -149,6 +149,18 @@ def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(ray_conn, t
     assert "Uploading package" not in result.stderr, result.stderr
 
 
+def test_operators_and_trigger_build_no_dashboard_api_urls():
+    """Every dashboard route lives in the hook (operators/hooks/); the UI links build page URLs, not /api/ ones."""
+    from tests.conftest import ROOT
+
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "operators").rglob("*.py")) if "hooks" not in path.parts
+        for number, line in enumerate(path.read_text().splitlines(), 1) if "/api/" in line
+    ]
+    assert offenders == []
+
+
 @pytest.mark.integration
 def test_async_twins_answer_like_the_sync_calls(ray_conn):
     import asyncio
