@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from operators.contract import operator_setting
 from operators.errors import GPUNotAvailableError
-from operators.links.ray import RAY_JOB_XCOM_KEY
+from operators.links.ray import RAY_JOB_XCOM_KEY, cluster_page_url
 from operators.stage import StageOperator
 from rayml.probe import NodeResources, plan_cpu
 from rayml.specs import ComputeSpec, ProbeSpec
@@ -66,7 +66,7 @@ class GPUProbeOperator(StageOperator):
             # No job ran: the task's "Ray job" link shows the cluster page the decision came from.
             context["ti"].xcom_push(key=RAY_JOB_XCOM_KEY, value={
                 "dashboard_url": self.hook.dashboard_url, "submission_id": None,
-                "job_url": f"{self.hook.dashboard_url}/#/cluster",
+                "job_url": cluster_page_url(self.hook.dashboard_url),
             })
             return self._conclude(compute)
         return self._conclude_manifest(super().execute(context))

@@ -2,9 +2,10 @@
 
 An operator never preprocesses, trains or serves inside the Airflow worker. It builds a stage spec,
 runs ``python -m rayml.<stage> --spec '<json>'`` as a Ray job with the Ray-side package shipped in
-the job's ``runtime_env``, follows the job (streaming its log into the task log, or deferring to
-:class:`~operators.triggers.ray.RayJobTrigger`), and returns the job's result manifest as the XCom
-(each of its keys also as an XCom of its own, for ``task.output["key"]``).
+the job's ``runtime_env``, follows the job (streaming its log into the task log line by line as the
+job writes it, from the worker or, deferred, from :class:`~operators.triggers.ray.RayJobTrigger`),
+and returns the job's result manifest as the XCom (each of its keys also as an XCom of its own,
+for ``task.output["key"]``).
 
 Every try of one task run uses the same deterministic submission id, so a retried task re-attaches
 to a RUNNING job, reuses a SUCCEEDED job's manifest, and submits a new job (``-r1``, ``-r2``...)
@@ -20,14 +21,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, conf
+from airflow.sdk.exceptions import TaskDeferralTimeout
 
 import rayml
 from rayml import artifacts
 from rayml.constants import JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
 from rayml.errors import RayMLError
 from operators.contract import coerce_spec
-from operators.errors import InvalidSpecError, RayJobFailedError, RayJobTimeoutError, RayManifestError, RayOperatorError
+from operators.errors import (
+    InvalidSpecError, RayAuthError, RayClusterUnreachableError, RayJobFailedError, RayJobTimeoutError, RayManifestError,
+    RayOperatorError,
+)
 from operators.hooks.ray import RayHook
 from operators.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
 from operators.links.ray import RAY_JOB_XCOM_KEY, RayJobLink, job_page_url
@@ -66,8 +71,10 @@ class RayJobOperator(BaseOperator):
     :param runtime_env: extra Ray ``runtime_env`` entries merged into the job's (templated).
     :param ship_package: upload the Ray-side package with the job; turn off when the cluster image
         already has it installed.
-    :param deferrable: wait in the triggerer instead of holding a worker slot.
-    :param poll_interval_s: seconds between status checks (and log fetches).
+    :param deferrable: wait in the triggerer instead of holding a worker slot; default: Airflow's
+        ``[operators] default_deferrable``. Either way the job's log lines reach the task log as
+        the job writes them.
+    :param poll_interval_s: seconds between tries while the job's log stream cannot be read.
     :param job_timeout_s: stop the job and fail the task after this long.
     """
 
@@ -85,7 +92,7 @@ class RayJobOperator(BaseOperator):
         artifact_root: str | None = None,
         runtime_env: dict[str, Any] | None = None,
         ship_package: bool = True,
-        deferrable: bool = False,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval_s: float = 1.0,
         job_timeout_s: float | None = 6 * 3600,
         **kwargs: Any,
@@ -166,21 +173,10 @@ class RayJobOperator(BaseOperator):
 
     # -- the job's life ------------------------------------------------------------------------
 
-    def job_status(self, submission_id: str) -> RayJobStatus | None:
-        response = self.hook.request("GET", f"/api/jobs/{submission_id}")
-        if response.status_code == 404:
-            return None
-        if response.status_code >= 400:
-            raise RayOperatorError(
-                f"the Ray Jobs API answered HTTP {response.status_code} for job {submission_id}: "
-                f"{response.text[:300]}"
-            )
-        return RayJobStatus(response.json()["status"])
-
     def existing_attempts(self, base_id: str) -> dict[str, RayJobStatus]:
         found: dict[str, RayJobStatus] = {}
         attempt = 0
-        while (status := self.job_status(attempt_id(base_id, attempt))) is not None:
+        while (status := self.hook.get_job_status(attempt_id(base_id, attempt))) is not None:
             found[attempt_id(base_id, attempt)] = status
             attempt += 1
         return found
@@ -198,10 +194,9 @@ class RayJobOperator(BaseOperator):
         )
 
     def submit(self, context: Context, submission_id: str, spec: dict[str, Any]) -> Decision:
-        client = self.hook.get_job_client()
         dag_id, run_id, map_index = self._run_keys(context)
         try:
-            client.submit_job(
+            self.hook.submit_job(
                 entrypoint=self.entrypoint(spec),
                 submission_id=submission_id,
                 runtime_env=self.job_runtime_env(),
@@ -247,40 +242,59 @@ class RayJobOperator(BaseOperator):
         event = event or {}
         submission_id = event.get("submission_id") or self.decide(context).submission_id
         self._submission_id = submission_id
-        status = self.job_status(submission_id)
+        status = self.hook.get_job_status(submission_id)
         if event.get("status") == "error" and (status is None or not status.is_terminal()):
             raise RayJobFailedError(f"waiting for Ray job {submission_id} failed: {event.get('message')}")
-        return self.finish(submission_id, self.artifact_dir(context), log_offset=0)
+        # The trigger logged the job's lines up to log_offset while the task was deferred.
+        return self.finish(submission_id, self.artifact_dir(context), log_offset=int(event.get("log_offset") or 0))
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except TaskDeferralTimeout:
+            # Airflow cancels a timed-out trigger without calling its on_kill(): stop the job here.
+            # (A trigger that failed otherwise leaves the job running, for a retry to attach to.)
+            raise self._stop_for_timeout(self.decide(context).submission_id) from None
+
+    def _stop_for_timeout(self, submission_id: str) -> RayJobTimeoutError:
+        """Stop a job that outlived ``job_timeout_s``; the error to fail the task with."""
+        stopped = self.hook.stop_job(submission_id)
+        return RayJobTimeoutError(
+            f"Ray job {submission_id} did not finish within job_timeout_s={self.job_timeout_s} s"
+            f"{' and was stopped' if stopped else ''}; raise job_timeout_s or give the cluster more resources"
+        )
 
     def _job_logs(self, submission_id: str) -> str:
-        response = self.hook.request("GET", f"/api/jobs/{submission_id}/logs")
-        if response.status_code >= 400:
+        try:
+            return self.hook.get_job_logs(submission_id)
+        except (RayClusterUnreachableError, RayAuthError):
+            raise
+        except RayOperatorError as err:  # the job's state still decides the task; its log only explains it
+            self.log.warning("%s", err)
             return ""
-        return response.json().get("logs", "")
 
     def _emit_logs(self, text: str) -> None:
         for line in text.splitlines():
             self.log.info("[ray] %s", line)
 
     def wait(self, submission_id: str) -> int:
-        """Poll until the job is terminal, streaming complete log lines; return the log offset read."""
+        """Log the job's lines as it writes them until it has ended; return how many characters were logged."""
         deadline = None if self.job_timeout_s is None else time.monotonic() + self.job_timeout_s
         offset = 0
         while True:
-            status = self.job_status(submission_id)
-            logs = self._job_logs(submission_id)
-            complete = logs.rfind("\n", offset) + 1
-            if complete > offset:
-                self._emit_logs(logs[offset:complete])
-                offset = complete
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                for line in self.hook.tail_job_logs(submission_id, offset=offset, timeout_s=remaining):
+                    self.log.info("[ray] %s", line.rstrip("\r\n"))
+                    offset += len(line)
+            except TimeoutError:
+                raise self._stop_for_timeout(submission_id) from None
+            except RayClusterUnreachableError as err:
+                # The job may well run on: its state (next) says, and a new stream resumes at offset.
+                self.log.warning("Lost the log stream of Ray job %s: %s", submission_id, err)
+            status = self.hook.get_job_status(submission_id)
             if status is None or status.is_terminal():
                 return offset
-            if deadline is not None and time.monotonic() > deadline:
-                self.hook.request("POST", f"/api/jobs/{submission_id}/stop")
-                raise RayJobTimeoutError(
-                    f"Ray job {submission_id} did not finish within {self.job_timeout_s} s and was "
-                    "stopped; raise job_timeout_s or give the cluster more resources"
-                )
             time.sleep(self.poll_interval_s)
 
     def read_manifest(self, artifact_dir: str, log_text: str) -> dict[str, Any] | None:
@@ -293,8 +307,8 @@ class RayJobOperator(BaseOperator):
 
     def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> dict[str, Any]:
         """Log what the job printed after ``log_offset``, then return its manifest or raise its error."""
-        status = self.job_status(submission_id)
-        logs = self._job_logs(submission_id)  # fetched whole again: tailing can miss the last lines
+        status = self.hook.get_job_status(submission_id)
+        logs = self._job_logs(submission_id)  # whole, once: the manifest line and the reason of a failure
         self._emit_logs(logs[log_offset:])
         manifest = self.read_manifest(artifact_dir, logs)
         if status is not RayJobStatus.SUCCEEDED:
@@ -313,7 +327,7 @@ class RayJobOperator(BaseOperator):
     def on_kill(self) -> None:
         if self._submission_id:
             self.log.info("Stopping Ray job %s", self._submission_id)
-            self.hook.request("POST", f"/api/jobs/{self._submission_id}/stop")
+            self.hook.stop_job(self._submission_id)
 
 
 def _last_lines(log_text: str, count: int = 3) -> str:

@@ -1,17 +1,27 @@
-"""RayHook: an Airflow connection to a Ray cluster's dashboard (Jobs, Serve and State REST APIs)."""
+"""RayHook: an Airflow connection to a Ray cluster's dashboard (Jobs, Serve and State REST APIs).
+
+The hook is the only place that knows the dashboard's routes: each endpoint is one constant below
+and each call one method; the calls a trigger makes have ``a_``-prefixed async twins.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import time
+from collections.abc import AsyncIterator, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
+import httpx
 import requests
 
 from operators.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
+from operators.job_status import RayJobStatus
 from rayml.constants import DEFAULT_ARTIFACT_ROOT_ENV
 
 try:
@@ -21,6 +31,21 @@ except ImportError:  # pragma: no cover - Airflow 2 layout, kept for readers on 
 
 DEFAULT_DASHBOARD_URL = "http://127.0.0.1:8265"
 DEFAULT_TIMEOUT_S = 30.0
+
+# The Ray dashboard's REST routes (Ray 2.x), relative to the dashboard URL.
+VERSION_ENDPOINT = "/api/version"
+JOBS_ENDPOINT = "/api/jobs/"
+JOB_ENDPOINT = "/api/jobs/{submission_id}"
+JOB_STOP_ENDPOINT = "/api/jobs/{submission_id}/stop"
+JOB_LOGS_ENDPOINT = "/api/jobs/{submission_id}/logs"
+# A websocket: the only route that gives a job's log as it grows (the one above returns it whole).
+JOB_LOGS_TAIL_ENDPOINT = "/api/jobs/{submission_id}/logs/tail"
+SERVE_APPLICATIONS_ENDPOINT = "/api/serve/applications/"
+NODES_ENDPOINT = "/api/v0/nodes"
+NODES_PARAMS = {"detail": "1", "limit": "1000"}
+# Pings on the log websocket: a connection that died without closing (a dropped NAT or proxy
+# entry) fails within two of these instead of leaving the follower waiting for lines forever.
+LOG_STREAM_HEARTBEAT_S = 30.0
 TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 HOW_TO_FIX = (
     "start a local cluster with `make run` (or `ray start --head --dashboard-host=127.0.0.1`), "
@@ -95,6 +120,10 @@ def _as_bool(value: Any, default: bool) -> bool:
     return str(value).strip().lower() not in ("false", "0", "no", "off")
 
 
+def _job_path(template: str, submission_id: str) -> str:
+    return template.format(submission_id=quote(submission_id, safe=""))
+
+
 class RayHook(BaseHook):
     """Talk to a Ray cluster through its dashboard's REST APIs.
 
@@ -104,7 +133,11 @@ class RayHook(BaseHook):
     default connection ``ray_default`` is not defined, the hook uses ``RAY_DASHBOARD_URL`` or
     ``http://127.0.0.1:8265``, the embedded local cluster.
 
+    The REST calls have async twins for triggers (``a_get_job_status``, ``a_stop_job``,
+    ``a_tail_job_logs``...; httpx, and aiohttp for the log websocket) that answer the same.
+
     :param ray_conn_id: the Airflow connection id.
+    :param timeout_s: seconds one request may take.
     """
 
     conn_name_attr = "ray_conn_id"
@@ -118,23 +151,22 @@ class RayHook(BaseHook):
         self.ray_conn_id = ray_conn_id
         self.timeout_s = timeout_s
 
-    @cached_property
-    def _settings(self) -> dict[str, Any]:
-        try:
-            connection = self.get_connection(self.ray_conn_id)
-        except Exception as err:
-            if self.ray_conn_id != self.default_conn_name or "isn't defined" not in str(err):
-                raise
-            self.log.info("Connection %r is not defined; using the local Ray cluster", self.ray_conn_id)
-            return {
-                "dashboard_url": normalise_dashboard_url(
-                    os.environ.get("RAY_DASHBOARD_URL", DEFAULT_DASHBOARD_URL)
-                ),
-                "token": None,
-                "verify_tls": True,
-                "artifact_root": None,
-                "serve_url": None,
-            }
+    # -- the connection -----------------------------------------------------------------------
+
+    def _undefined_default(self, err: Exception) -> bool:
+        return self.ray_conn_id == self.default_conn_name and "isn't defined" in str(err)
+
+    def _local_settings(self) -> dict[str, Any]:
+        self.log.info("Connection %r is not defined; using the local Ray cluster", self.ray_conn_id)
+        return {
+            "dashboard_url": normalise_dashboard_url(os.environ.get("RAY_DASHBOARD_URL", DEFAULT_DASHBOARD_URL)),
+            "token": None,
+            "verify_tls": True,
+            "artifact_root": None,
+            "serve_url": None,
+        }
+
+    def _connection_settings(self, connection: Any) -> dict[str, Any]:
         extra = connection.extra_dejson or {}
         url = extra.get("dashboard_url") or connection.host
         if not url:
@@ -149,6 +181,30 @@ class RayHook(BaseHook):
             "artifact_root": extra.get("artifact_root") or None,
             "serve_url": extra.get("serve_url") or None,
         }
+
+    @cached_property
+    def _settings(self) -> dict[str, Any]:
+        try:
+            connection = self.get_connection(self.ray_conn_id)
+        except Exception as err:
+            if not self._undefined_default(err):
+                raise
+            return self._local_settings()
+        return self._connection_settings(connection)
+
+    async def _a_load_settings(self) -> None:
+        """Read the connection without blocking the event loop (the triggerer's is shared)."""
+        if "_settings" in self.__dict__:
+            return
+        try:
+            connection = await self.aget_connection(self.ray_conn_id)
+        except Exception as err:
+            if not self._undefined_default(err):
+                raise
+            settings = self._local_settings()
+        else:
+            settings = self._connection_settings(connection)
+        self.__dict__["_settings"] = settings
 
     @property
     def dashboard_url(self) -> str:
@@ -178,7 +234,7 @@ class RayHook(BaseHook):
         token = self.get_token()
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    # -- plain HTTP ---------------------------------------------------------------------------
+    # -- plain HTTP, sync and async -----------------------------------------------------------
 
     def unreachable_message(self, detail: object) -> str:
         return (
@@ -187,16 +243,26 @@ class RayHook(BaseHook):
             + "."
         )
 
-    def check_response(self, response: requests.Response) -> requests.Response:
-        """Turn auth failures into :class:`RayAuthError` with the fix; leave other codes to callers."""
-        if response.status_code in (401, 403):
+    def _raise_for_auth(self, status_code: int, text: str) -> None:
+        if status_code in (401, 403):
             raise RayAuthError(
                 f"The Ray cluster at {self.dashboard_url} rejected the request "
-                f"(HTTP {response.status_code}: {response.text.strip()[:120]}): set the cluster's "
+                f"(HTTP {status_code}: {text.strip()[:120]}): set the cluster's "
                 f"auth token in the connection {self.ray_conn_id!r} (auth token field or password), "
                 "in RAY_AUTH_TOKEN, or in ~/.ray/auth_token."
             )
+
+    def check_response(self, response: requests.Response | httpx.Response) -> Any:
+        """Turn auth failures into :class:`RayAuthError` with the fix; leave other codes to callers."""
+        self._raise_for_auth(response.status_code, response.text)
         return response
+
+    def _json_of(self, method: str, path: str, response: requests.Response | httpx.Response) -> Any:
+        if response.status_code >= 400:
+            raise RayOperatorError(
+                f"{method} {self.dashboard_url}{path} answered HTTP {response.status_code}: {response.text[:300]}"
+            )
+        return response.json()
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         """Send an authenticated request to the dashboard; unreachable clusters raise one clear error."""
@@ -210,18 +276,74 @@ class RayHook(BaseHook):
             raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
         return self.check_response(response)
 
-    def get_json(self, path: str, **kwargs: Any) -> Any:
-        response = self.request("GET", path, **kwargs)
-        if response.status_code >= 400:
-            raise RayOperatorError(
-                f"GET {self.dashboard_url}{path} answered HTTP {response.status_code}: {response.text[:300]}"
-            )
-        return response.json()
+    async def a_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Async twin of :meth:`request` (httpx)."""
+        await self._a_load_settings()
+        headers = {**self.auth_headers(), **kwargs.pop("headers", {})}
+        try:
+            # A client per call: triggers call rarely (see a_tail_job_logs), and a client is bound
+            # to the event loop that made it.
+            async with httpx.AsyncClient(verify=self.verify_tls, timeout=self.timeout_s) as client:
+                response = await client.request(method, f"{self.dashboard_url}{path}", headers=headers, **kwargs)
+        except httpx.HTTPError as err:
+            raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
+        return self.check_response(response)
 
-    # -- clients ------------------------------------------------------------------------------
+    def get_json(self, path: str, **kwargs: Any) -> Any:
+        return self._json_of("GET", path, self.request("GET", path, **kwargs))
+
+    async def a_get_json(self, path: str, **kwargs: Any) -> Any:
+        return self._json_of("GET", path, await self.a_request("GET", path, **kwargs))
+
+    # -- cluster ------------------------------------------------------------------------------
 
     def get_version(self) -> dict[str, Any]:
-        return self.get_json("/api/version")
+        return self.get_json(VERSION_ENDPOINT)
+
+    async def a_get_version(self) -> dict[str, Any]:
+        return await self.a_get_json(VERSION_ENDPOINT)
+
+    def check_access(self) -> None:
+        """Raise a clear error unless the cluster answers and accepts the token."""
+        self.get_version()
+        self._check_jobs_api(self.request("GET", JOBS_ENDPOINT))
+
+    def _check_jobs_api(self, response: requests.Response | httpx.Response) -> None:
+        if response.status_code >= 400:
+            raise RayOperatorError(
+                f"The Ray Jobs API at {self.dashboard_url} answered HTTP {response.status_code}; "
+                "is this a Ray dashboard with the job module enabled?"
+            )
+
+    def get_nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes as the State API lists them (``node_id``, ``state``, ``resources_total``...)."""
+        return _state_result(self.get_json(NODES_ENDPOINT, params=NODES_PARAMS))
+
+    async def a_get_nodes(self) -> list[dict[str, Any]]:
+        return _state_result(await self.a_get_json(NODES_ENDPOINT, params=NODES_PARAMS))
+
+    def get_cluster_resources(self) -> dict[str, Any]:
+        """Per-node resources from the State API: ``{node_id: {"total": {...}, "state": ...}}``."""
+        return {
+            node["node_id"]: {
+                "total": node.get("resources_total", {}),
+                "state": node.get("state"),
+                "address": node.get("node_ip"),
+                "labels": node.get("labels", {}),
+            }
+            for node in self.get_nodes()
+        }
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the Airflow UI's "Test" button."""
+        try:
+            self.check_access()
+            version = self.get_version()
+        except RayOperatorError as err:
+            return False, str(err)
+        return True, f"Connected to Ray {version.get('ray_version', '?')} at {self.dashboard_url}"
+
+    # -- jobs ---------------------------------------------------------------------------------
 
     def get_job_client(self):
         """A Ray ``JobSubmissionClient`` carrying the auth header, after checking the cluster answers."""
@@ -236,47 +358,184 @@ class RayHook(BaseHook):
         except ConnectionError as err:
             raise RayClusterUnreachableError(self.unreachable_message(err)) from None
 
-    def check_access(self) -> None:
-        """Raise a clear error unless the cluster answers and accepts the token."""
-        self.get_version()
-        response = self.request("GET", "/api/jobs/")
+    def submit_job(self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, Any] | None = None,
+                   metadata: dict[str, str] | None = None) -> str:
+        """Submit a job through Ray's client (which uploads the runtime_env's local packages first).
+
+        Raises Ray's ``RuntimeError`` when the cluster refuses it, e.g. when ``submission_id``
+        already exists.
+        """
+        return self.get_job_client().submit_job(
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, metadata=metadata
+        )
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        """Every job the cluster knows (submitted or driver jobs), as the Jobs API describes them."""
+        return self.get_json(JOBS_ENDPOINT)
+
+    async def a_list_jobs(self) -> list[dict[str, Any]]:
+        return await self.a_get_json(JOBS_ENDPOINT)
+
+    def _job_info_of(self, submission_id: str, response: requests.Response | httpx.Response) -> dict[str, Any] | None:
+        if response.status_code == 404:
+            return None
         if response.status_code >= 400:
             raise RayOperatorError(
-                f"The Ray Jobs API at {self.dashboard_url} answered HTTP {response.status_code}; "
-                "is this a Ray dashboard with the job module enabled?"
+                f"the Ray Jobs API answered HTTP {response.status_code} for job {submission_id}: "
+                f"{response.text[:300]}"
             )
+        return response.json()
+
+    def get_job_info(self, submission_id: str) -> dict[str, Any] | None:
+        """The job's details (``status``, ``message``, ``metadata``...); None when no such job exists."""
+        return self._job_info_of(submission_id, self.request("GET", _job_path(JOB_ENDPOINT, submission_id)))
+
+    async def a_get_job_info(self, submission_id: str) -> dict[str, Any] | None:
+        return self._job_info_of(submission_id, await self.a_request("GET", _job_path(JOB_ENDPOINT, submission_id)))
+
+    def get_job_status(self, submission_id: str) -> RayJobStatus | None:
+        """The job's state; None when no such job exists."""
+        info = self.get_job_info(submission_id)
+        return None if info is None else RayJobStatus(info["status"])
+
+    async def a_get_job_status(self, submission_id: str) -> RayJobStatus | None:
+        info = await self.a_get_job_info(submission_id)
+        return None if info is None else RayJobStatus(info["status"])
+
+    def _stopped(self, submission_id: str, response: requests.Response | httpx.Response) -> bool:
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 400:
+            raise RayOperatorError(
+                f"Ray did not stop job {submission_id} (HTTP {response.status_code}: {response.text[:300]})"
+            )
+        return bool(response.json().get("stopped"))
+
+    def stop_job(self, submission_id: str) -> bool:
+        """Ask Ray to stop the job; False when it had already ended or does not exist."""
+        return self._stopped(submission_id, self.request("POST", _job_path(JOB_STOP_ENDPOINT, submission_id)))
+
+    async def a_stop_job(self, submission_id: str) -> bool:
+        return self._stopped(submission_id, await self.a_request("POST", _job_path(JOB_STOP_ENDPOINT, submission_id)))
+
+    def _logs_of(self, submission_id: str, response: requests.Response | httpx.Response) -> str:
+        if response.status_code == 404:
+            return ""
+        if response.status_code >= 400:
+            raise RayOperatorError(
+                f"Ray did not return the log of job {submission_id} "
+                f"(HTTP {response.status_code}: {_last_lines(response.text, lines=3)})"
+            )
+        return response.json().get("logs", "")
+
+    def get_job_logs(self, submission_id: str) -> str:
+        """The job's whole log so far ("" when no such job exists). To follow a job, tail it instead."""
+        return self._logs_of(submission_id, self.request("GET", _job_path(JOB_LOGS_ENDPOINT, submission_id)))
+
+    async def a_get_job_logs(self, submission_id: str) -> str:
+        return self._logs_of(submission_id, await self.a_request("GET", _job_path(JOB_LOGS_ENDPOINT, submission_id)))
+
+    async def a_tail_job_logs(self, submission_id: str, *, offset: int = 0) -> AsyncIterator[str]:
+        """The job's log lines as the job writes them, each with its line end.
+
+        Ends once the job has ended and its log is read to the end (a last line without a line
+        end comes then). Ray's tail websocket always starts at the log's beginning; the first
+        ``offset`` characters are skipped, so a caller whose stream dropped reconnects with the
+        number of characters it already has. Characters count as in :meth:`get_job_logs`'s text.
+
+        Raises :class:`RayClusterUnreachableError` when the stream cannot be opened or drops.
+        """
+        import aiohttp  # Ray's own client (ray[default]) brings it; only the tail needs it
+
+        await self._a_load_settings()
+        path = _job_path(JOB_LOGS_TAIL_ENDPOINT, submission_id)
+        skip, partial = offset, ""
+        try:
+            async with aiohttp.ClientSession(
+                headers=self.auth_headers(),
+                # No total limit: the stream lives as long as the job; only connecting is bounded.
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s),
+            ) as session, session.ws_connect(
+                f"{self.dashboard_url}{path}", ssl=self.verify_tls,
+                heartbeat=LOG_STREAM_HEARTBEAT_S,
+            ) as stream:
+                async for message in stream:
+                    if message.type is not aiohttp.WSMsgType.TEXT:
+                        continue
+                    text = message.data
+                    if skip:
+                        dropped = min(skip, len(text))
+                        text, skip = text[dropped:], skip - dropped
+                    text = partial + text
+                    complete = text.rfind("\n") + 1
+                    partial = text[complete:]
+                    for line in text[:complete].splitlines(keepends=True):
+                        yield line
+                close_code, close_error = stream.close_code, stream.exception()
+        except aiohttp.WSServerHandshakeError as err:
+            self._raise_for_auth(err.status, err.message)
+            if err.status == 404:
+                raise RayOperatorError(f"Ray job {submission_id} does not exist at {self.dashboard_url}") from None
+            raise RayOperatorError(
+                f"GET {self.dashboard_url}{path} (websocket) answered HTTP {err.status}: {err.message}"
+            ) from None
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
+        # Ray closes the stream normally once the job has ended and its log is sent.
+        if close_code != aiohttp.WSCloseCode.OK:
+            raise RayClusterUnreachableError(
+                f"the log stream of Ray job {submission_id} from {self.dashboard_url} dropped before the "
+                f"job ended (websocket close code {close_code}, {close_error!r})"
+            )
+        if partial:
+            yield partial
+
+    def tail_job_logs(self, submission_id: str, *, offset: int = 0, timeout_s: float | None = None) -> Iterator[str]:
+        """Sync twin of :meth:`a_tail_job_logs`, for a worker following its job.
+
+        Raises ``TimeoutError`` when the stream has not ended after ``timeout_s`` seconds.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        loop = asyncio.new_event_loop()
+        lines = self.a_tail_job_logs(submission_id, offset=offset)
+        try:
+            while True:
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                try:
+                    line = loop.run_until_complete(asyncio.wait_for(anext(lines), remaining))
+                except StopAsyncIteration:
+                    return
+                yield line
+        finally:
+            # After an interrupt (a signal's exception) the stream may still be mid-read: then
+            # closing it fails, and closing the loop drops it.
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(lines.aclose())
+            loop.close()
+
+    # -- Serve --------------------------------------------------------------------------------
 
     def get_serve_applications(self) -> dict[str, Any]:
         """The Serve REST API's view of the deployed applications (empty when Serve is not running)."""
-        return self.get_json("/api/serve/applications/")
+        return self.get_json(SERVE_APPLICATIONS_ENDPOINT)
 
-    def put_serve_applications(self, config: dict[str, Any]) -> None:
-        """Apply a declarative Serve config (all applications) through the REST API."""
-        response = self.request("PUT", "/api/serve/applications/", json=config)
+    async def a_get_serve_applications(self) -> dict[str, Any]:
+        return await self.a_get_json(SERVE_APPLICATIONS_ENDPOINT)
+
+    def _check_serve_put(self, response: requests.Response | httpx.Response) -> None:
         if response.status_code >= 400:
             raise RayOperatorError(
                 f"Ray Serve rejected the config (HTTP {response.status_code}): {_last_lines(response.text)}"
             )
 
-    def get_cluster_resources(self) -> dict[str, Any]:
-        """Per-node resources from the State API: ``{node_id: {"total": {...}, "state": ...}}``."""
-        payload = self.get_json("/api/v0/nodes", params={"detail": "1", "limit": "1000"})
-        nodes = payload.get("data", {}).get("result", {}).get("result", [])
-        return {
-            node["node_id"]: {
-                "total": node.get("resources_total", {}),
-                "state": node.get("state"),
-                "address": node.get("node_ip"),
-                "labels": node.get("labels", {}),
-            }
-            for node in nodes
-        }
+    def put_serve_applications(self, config: dict[str, Any]) -> None:
+        """Apply a declarative Serve config (all applications) through the REST API."""
+        self._check_serve_put(self.request("PUT", SERVE_APPLICATIONS_ENDPOINT, json=config))
 
-    def test_connection(self) -> tuple[bool, str]:
-        """Used by the Airflow UI's "Test" button."""
-        try:
-            self.check_access()
-            version = self.get_version()
-        except RayOperatorError as err:
-            return False, str(err)
-        return True, f"Connected to Ray {version.get('ray_version', '?')} at {self.dashboard_url}"
+    async def a_put_serve_applications(self, config: dict[str, Any]) -> None:
+        self._check_serve_put(await self.a_request("PUT", SERVE_APPLICATIONS_ENDPOINT, json=config))
+
+
+def _state_result(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a State API answer (``{"data": {"result": {"result": [...]}}}``)."""
+    return payload.get("data", {}).get("result", {}).get("result", [])

@@ -21,6 +21,10 @@ def job_page_url(dashboard_url: str, submission_id: str) -> str:
     return f"{dashboard_url.rstrip('/')}/#/jobs/{submission_id}"
 
 
+def cluster_page_url(dashboard_url: str) -> str:
+    return f"{dashboard_url.rstrip('/')}/#/cluster"
+
+
 class RayJobLink(BaseOperatorLink):
     """Link from a task to its Ray job's page in the Ray dashboard."""
 

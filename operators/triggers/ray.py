@@ -3,28 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, AsyncIterator
-
-import httpx
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from operators.errors import RayClusterUnreachableError
 from operators.job_status import RayJobStatus
 
 _CLASSPATH = "operators.triggers.ray.RayJobTrigger"
+# on_kill() must finish within the triggerer's [triggerer] on_kill_timeout (30 s by default).
+STOP_TIMEOUT_S = 20.0
 
 
 class RayJobTrigger(BaseTrigger):
-    """Poll a Ray job's status over the Jobs REST API until it is terminal, then fire one event.
+    """Follow a Ray job's log until the job has ended, then fire one event.
 
-    The event is ``{"status": "success" | "error", "submission_id", "job_status", "message"}``:
-    ``success`` when the job SUCCEEDED, ``error`` when it FAILED or was STOPPED, when the cluster
-    could not be reached for ``max_unreachable_s``, or when anything else went wrong. Only
-    primitives are serialised; the token is looked up again in the triggerer from the connection.
+    Each line the job writes is logged here as ``[ray] <line>`` when it is written, so it reaches
+    the deferred task's log. The event is ``{"status": "success" | "error", "submission_id",
+    "job_status", "message", "log_offset"}``: ``success`` when the job SUCCEEDED, ``error`` when
+    it FAILED or was STOPPED, when the cluster could not be reached for ``max_unreachable_s``, or
+    when anything else went wrong; ``log_offset`` is how many characters of the job's log were
+    logged here. Only primitives are serialised; the token is looked up again in the triggerer
+    from the connection.
+
+    When a user marks the deferred task failed or success, or clears it, :meth:`on_kill` stops
+    the job. A triggerer that restarts, or whose trigger another triggerer takes over, leaves the
+    job running; the trigger starts over there and logs the job's log from its start again.
 
     :param submission_id: the Ray job's submission id.
     :param ray_conn_id: the Airflow connection to the Ray cluster.
-    :param poll_interval_s: seconds between status requests.
+    :param poll_interval_s: seconds between tries while the cluster cannot be reached.
     :param max_unreachable_s: how long the dashboard may stay unreachable before giving up.
     """
 
@@ -44,55 +53,81 @@ class RayJobTrigger(BaseTrigger):
             "max_unreachable_s": self.max_unreachable_s,
         }
 
-    def _event(self, status: str, job_status: str | None, message: str) -> TriggerEvent:
-        return TriggerEvent(
-            {"status": status, "submission_id": self.submission_id, "job_status": job_status, "message": message}
-        )
-
-    async def _connection_settings(self) -> tuple[str, dict[str, str], bool]:
+    def _hook(self):
         from operators.hooks.ray import RayHook
 
-        def settings() -> tuple[str, dict[str, str], bool]:
-            hook = RayHook(self.ray_conn_id)
-            return hook.dashboard_url, hook.auth_headers(), hook.verify_tls
+        return RayHook(self.ray_conn_id)
 
-        return await asyncio.to_thread(settings)
+    def _event(self, status: str, job_status: str | None, message: str, log_offset: int) -> TriggerEvent:
+        return TriggerEvent({"status": status, "submission_id": self.submission_id, "job_status": job_status,
+                             "message": message, "log_offset": log_offset})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self._hook()
+        offset = 0  # characters of the job's log logged so far
+        unreachable_since: float | None = None
         try:
-            url, headers, verify = await self._connection_settings()
-            unreachable_for = 0.0
-            async with httpx.AsyncClient(headers=headers, verify=verify, timeout=30.0) as client:
-                while True:
-                    try:
-                        response = await client.get(f"{url}/api/jobs/{self.submission_id}")
-                    except httpx.HTTPError as err:
-                        unreachable_for += self.poll_interval_s
-                        if unreachable_for >= self.max_unreachable_s:
-                            yield self._event(
-                                "error", None,
-                                f"the Ray dashboard at {url} was unreachable for {unreachable_for:.0f} s "
-                                f"({type(err).__name__}); the job may still be running",
-                            )
-                            return
-                        await asyncio.sleep(self.poll_interval_s)
-                        continue
-                    unreachable_for = 0.0
-                    if response.status_code == 404:
-                        yield self._event("error", None, f"Ray job {self.submission_id} does not exist at {url}")
+            while True:
+                try:
+                    # The stream ends when the job has ended (or the connection dropped: then the
+                    # job's state says which, and a new stream resumes after what was logged).
+                    async for line in hook.a_tail_job_logs(self.submission_id, offset=offset):
+                        self.log.info("[ray] %s", line.rstrip("\r\n"))
+                        offset += len(line)
+                    info = await hook.a_get_job_info(self.submission_id)
+                except RayClusterUnreachableError as err:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    if time.monotonic() - unreachable_since >= self.max_unreachable_s:
+                        yield self._event("error", None, f"{err} The dashboard was unreachable for "
+                                          f"{self.max_unreachable_s:.0f} s; the job may still be running.", offset)
                         return
-                    if response.status_code >= 400:
-                        yield self._event(
-                            "error", None,
-                            f"the Ray Jobs API answered HTTP {response.status_code}: {response.text[:200]}",
-                        )
-                        return
-                    info = response.json()
-                    status = RayJobStatus(info["status"])
-                    if status.is_terminal():
-                        outcome = "success" if status is RayJobStatus.SUCCEEDED else "error"
-                        yield self._event(outcome, status.value, info.get("message") or "")
-                        return
+                    self.log.info("Lost the Ray cluster (%s); trying again in %s s", err, self.poll_interval_s)
                     await asyncio.sleep(self.poll_interval_s)
+                    continue
+                unreachable_since = None
+                if info is None:
+                    yield self._event("error", None, f"Ray job {self.submission_id} does not exist at "
+                                      f"{hook.dashboard_url}", offset)
+                    return
+                status = RayJobStatus(info["status"])
+                if status.is_terminal():
+                    outcome = "success" if status is RayJobStatus.SUCCEEDED else "error"
+                    yield self._event(outcome, status.value, info.get("message") or "", offset)
+                    return
+                await asyncio.sleep(self.poll_interval_s)
         except Exception as err:  # a trigger must report, not crash the triggerer
-            yield self._event("error", None, f"{type(err).__name__}: {err}")
+            yield self._event("error", None, f"{type(err).__name__}: {err}", offset)
+
+    async def on_kill(self) -> None:
+        """Stop the job: Airflow calls this when a user marked the deferred task failed or success, or cleared it.
+
+        Not on a triggerer restart or a deferral timeout (the operator stops the job then, see
+        ``RayJobOperator.resume_execution``).
+        """
+        if await self._still_deferred():
+            # Airflow 3.3 cancels a trigger that another triggerer took over (after this one missed
+            # its heartbeats) the same way: the task is then still deferred, and the job goes on.
+            self.log.info("The task is still deferred, followed by another triggerer; Ray job %s keeps running",
+                          self.submission_id)
+            return
+        self.log.info("The deferred task was marked or cleared; stopping Ray job %s", self.submission_id)
+        stopped = await asyncio.wait_for(self._hook().a_stop_job(self.submission_id), STOP_TIMEOUT_S)
+        self.log.info("Ray job %s %s", self.submission_id, "stopped" if stopped else "had already ended")
+
+    async def _still_deferred(self) -> bool:
+        ti = getattr(self, "task_instance", None)
+        if ti is None:  # not run by a triggerer (dag.test, a direct call): nothing to ask
+            return False
+        from asgiref.sync import sync_to_async
+
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        try:
+            deferred = await sync_to_async(RuntimeTaskInstance.get_ti_count)(
+                dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id],
+                states=["deferred"],
+            )
+        except Exception as err:  # on_kill's usual meaning holds: a user stopped the task
+            self.log.warning("Could not read the state of task %s (%s: %s)", ti.task_id, type(err).__name__, err)
+            return False
+        return deferred > 0

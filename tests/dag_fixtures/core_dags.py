@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
 from operators.ray_job import RayJobOperator
@@ -30,3 +31,7 @@ with DAG(dag_id="core_crashing_job", schedule=None, start_date=datetime(2026, 1,
 with DAG(dag_id="core_stage_from_conf", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_stage_from_conf:
     RayJobOperator(task_id="from_conf", stage="{{ dag_run.conf['stage'] }}", spec={"rows": 10}, poll_interval_s=0.3,
                    retries=2, retry_delay=timedelta(seconds=1))
+
+# A task instance in the metadata DB for tests that need one (its task does nothing).
+with DAG(dag_id="core_noop", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_noop:
+    EmptyOperator(task_id="noop")

@@ -147,3 +147,78 @@ def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(ray_conn, t
     uploads = [line for line in result.stdout.splitlines() if "Uploading package" in line]
     assert uploads and all("info" in line.lower() and "dashboard_sdk" in line for line in uploads), result.stdout
     assert "Uploading package" not in result.stderr, result.stderr
+
+
+def test_operators_and_trigger_build_no_dashboard_api_urls():
+    """Every dashboard route lives in the hook (operators/hooks/); the UI links build page URLs, not /api/ ones."""
+    from tests.conftest import ROOT
+
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "operators").rglob("*.py")) if "hooks" not in path.parts
+        for number, line in enumerate(path.read_text().splitlines(), 1) if "/api/" in line
+    ]
+    assert offenders == []
+
+
+@pytest.mark.integration
+def test_async_twins_answer_like_the_sync_calls(ray_conn):
+    import asyncio
+    import time
+
+    hook = RayHook()
+    job = hook.submit_job(entrypoint="python -c \"print('twin-1'); print('twin-2', end='')\"",
+                          submission_id=f"hook-twins-{time.time_ns()}")
+    lines = list(hook.tail_job_logs(job, timeout_s=120))  # ends once the job has ended
+
+    async def async_answers():
+        twin = RayHook()
+        return {
+            "version": await twin.a_get_version(),
+            "info": await twin.a_get_job_info(job),
+            "status": await twin.a_get_job_status(job),
+            "missing": await twin.a_get_job_status("no-such-job"),
+            "logs": await twin.a_get_job_logs(job),
+            "tail": [line async for line in twin.a_tail_job_logs(job)],
+            "tail_from": [line async for line in twin.a_tail_job_logs(job, offset=len(lines[0]) + 3)],
+            "jobs": await twin.a_list_jobs(),
+            "nodes": await twin.a_get_nodes(),
+            "serve": await twin.a_get_serve_applications(),
+            "stop": await twin.a_stop_job(job),
+        }
+
+    answers = asyncio.run(async_answers())
+    assert answers["version"] == hook.get_version()
+    assert answers["info"] == hook.get_job_info(job) and answers["status"] is hook.get_job_status(job)
+    assert answers["status"].value == "SUCCEEDED" and answers["missing"] is None
+    logs = hook.get_job_logs(job)
+    assert answers["logs"] == logs == "".join(lines) == "".join(answers["tail"])
+    assert lines[-2:] == ["twin-1\n", "twin-2"]  # the last line had no line end
+    assert "".join(answers["tail_from"]) == logs[len(lines[0]) + 3:]
+    assert job in {j["submission_id"] for j in answers["jobs"]} and job in {j["submission_id"] for j in hook.list_jobs()}
+    assert [n["node_id"] for n in answers["nodes"]] == [n["node_id"] for n in hook.get_nodes()]
+    assert answers["serve"].keys() == hook.get_serve_applications().keys()
+    assert answers["stop"] is False is hook.stop_job(job)  # it had ended
+    with pytest.raises(RayOperatorError, match="no-such-job does not exist"):
+        list(hook.tail_job_logs("no-such-job"))
+
+
+@pytest.mark.integration
+def test_tail_gives_up_after_its_timeout_and_stop_ends_the_job(ray_conn):
+    import time
+
+    hook = RayHook()
+    job = hook.submit_job(entrypoint="python -c \"import time; time.sleep(600)\"",
+                          submission_id=f"hook-tail-timeout-{time.time_ns()}")
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            list(hook.tail_job_logs(job, timeout_s=3))
+        assert time.monotonic() - started < 10
+        assert hook.stop_job(job) is True
+        deadline = time.monotonic() + 15
+        while hook.get_job_status(job).value != "STOPPED":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        hook.stop_job(job)

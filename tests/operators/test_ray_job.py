@@ -44,7 +44,7 @@ def _xcom(dag_run, task_id: str, key: str = "return_value"):
 
 
 def _jobs_of(hook: RayHook, base_id: str) -> list[dict]:
-    return [job for job in hook.get_json("/api/jobs/") if (job.get("submission_id") or "").startswith(base_id)]
+    return [job for job in hook.list_jobs() if (job.get("submission_id") or "").startswith(base_id)]
 
 
 def test_stage_job_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn, artifact_root):
@@ -83,7 +83,7 @@ def test_task_killed_mid_job_then_retried_leaves_one_job(airflow_db, ray_conn, t
         deadline = time.monotonic() + 120
         jobs: list[dict] = []
         while time.monotonic() < deadline:
-            jobs = [j for j in hook.get_json("/api/jobs/") if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
+            jobs = [j for j in hook.list_jobs() if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
             if jobs and jobs[0]["status"] in ("PENDING", "RUNNING"):
                 break
             time.sleep(0.2)
@@ -95,16 +95,26 @@ def test_task_killed_mid_job_then_retried_leaves_one_job(airflow_db, ray_conn, t
 
     dag_run = _run("core_kill")
     assert dag_run.state == "success"
-    run_jobs = [j for j in hook.get_json("/api/jobs/") if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
+    run_jobs = [j for j in hook.list_jobs() if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
     assert [j["submission_id"] for j in run_jobs] == [killed_id]
     assert _xcom(dag_run, "make_data")["rows"] == 400_000
 
 
-def test_deferrable_mode_reaches_the_same_manifest(airflow_db, ray_conn):
-    dag_run = _run("core_deferred")
+def test_deferrable_mode_reaches_the_same_manifest_and_logs_the_job_while_deferred(airflow_db, ray_conn):
+    import structlog
+
+    with structlog.testing.capture_logs() as records:
+        dag_run = _run("core_deferred")
     assert dag_run.state == "success"
     manifest = _xcom(dag_run, "make_data")
     assert manifest["status"] == "succeeded" and manifest["rows"] == 500
     base_id = base_submission_id("core_deferred", dag_run.run_id, "make_data")
     jobs = _jobs_of(RayHook(), base_id)
     assert len(jobs) == 1 and RayJobStatus(jobs[0]["status"]) is RayJobStatus.SUCCEEDED
+    # The job's lines are logged (by the trigger) after the task paused and before it resumed, once.
+    events = [record["event"] for record in records]
+    paused = events.index("Pausing task as DEFERRED. ")
+    while_deferred = events[paused:events.index("Task started", paused)]
+    assert any(e.startswith(f"[ray] Running entrypoint for job {base_id}: python -m rayml.generate") for e in while_deferred)
+    manifest_lines = [e for e in events if e.startswith("[ray] RAYML_MANIFEST {")]
+    assert len(manifest_lines) == 1 and manifest_lines[0] in while_deferred

@@ -1,15 +1,19 @@
-"""RayJobTrigger: what it serialises, and the events it fires for real jobs and real failures."""
+"""RayJobTrigger: what it serialises, the events it fires and the log it streams for real jobs, and
+what Airflow's triggerer does to the job when it cancels the trigger."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import socket
 import time
 
 import pytest
 
 from operators.hooks.ray import RayHook
+from operators.job_status import RayJobStatus
 from operators.triggers.ray import RayJobTrigger
 
 
@@ -34,8 +38,7 @@ def _first_event(trigger: RayJobTrigger, timeout_s: float = 120):
 
 
 def _submit(entrypoint: str, submission_id: str) -> str:
-    client = RayHook().get_job_client()
-    return client.submit_job(entrypoint=entrypoint, submission_id=submission_id)
+    return RayHook().submit_job(entrypoint=entrypoint, submission_id=submission_id)
 
 
 @pytest.mark.integration
@@ -43,7 +46,7 @@ def test_trigger_succeeded_job_fires_success(ray_conn):
     job = _submit("python -c 'print(1)'", f"trigger-ok-{time.time_ns()}")
     event = _first_event(RayJobTrigger(submission_id=job, poll_interval_s=0.2))
     assert event == {"status": "success", "submission_id": job, "job_status": "SUCCEEDED",
-                     "message": event["message"]}
+                     "message": event["message"], "log_offset": len(RayHook().get_job_logs(job))}
 
 
 @pytest.mark.integration
@@ -75,3 +78,154 @@ def test_trigger_bad_connection_fires_error_event(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_RAY_BAD", json.dumps({"conn_type": "ray", "extra": {}}))
     event = _first_event(RayJobTrigger(submission_id="x", ray_conn_id="ray_bad"), timeout_s=30)
     assert event["status"] == "error" and "no dashboard URL" in event["message"]
+
+
+# A job that writes one line every half second for eight seconds.
+TICKING = "python -c \"import time\nfor i in range(16):\n    print(f'tick-{i}', flush=True)\n    time.sleep(0.5)\""
+SLEEPING = "python -c \"import time\nprint('started', flush=True)\ntime.sleep(600)\""
+
+
+def _wait_for_status(job: str, wanted: RayJobStatus, timeout_s: float) -> None:
+    hook, started = RayHook(), time.monotonic()
+    while (status := hook.get_job_status(job)) is not wanted:
+        assert time.monotonic() - started < timeout_s, f"job {job} is {status}, not {wanted}, after {timeout_s:.1f} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.integration
+def test_trigger_logs_each_job_line_while_the_job_runs(ray_conn):
+    """What the trigger logs reaches the deferred task's log: each line comes as the job writes it."""
+    import structlog
+
+    job = _submit(TICKING, f"trigger-tick-{time.time_ns()}")
+    with structlog.testing.capture_logs(processors=[structlog.processors.TimeStamper(fmt=None)]) as records:
+        event = _first_event(RayJobTrigger(submission_id=job, poll_interval_s=0.2))
+    assert event["status"] == "success"
+    ticks = [(r["event"], r["timestamp"]) for r in records if r["event"].startswith("[ray] tick-")]
+    assert [line for line, _ in ticks] == [f"[ray] tick-{i}" for i in range(16)]
+    ended_at = RayHook().get_job_info(job)["end_time"] / 1000
+    # Ray sends what the job wrote about once a second: tick-0, written 7.5 s before the job ends,
+    # is logged well before it, and the ticks are logged over seconds, not all at the end.
+    times = [round(ended_at - at, 2) for _, at in ticks]
+    assert times[0] > 3 and times[0] - times[-1] > 3, f"seconds before the job ended: {times}"
+    assert event["log_offset"] == len(RayHook().get_job_logs(job))
+
+
+async def _run_in_triggerer(trigger: RayJobTrigger, *, cancel: str, timeout_after=None) -> float:
+    """Run the trigger under Airflow's own TriggerRunner until it follows the job, then cancel it the way
+    the triggerer does: "user" (the task was marked failed/success or cleared), "shutdown" (the
+    triggerer stops or restarts), or "timeout" (its deferral timed out: ``timeout_after`` has passed).
+    Returns when it was cancelled (``time.monotonic()``)."""
+    from airflow.jobs.triggerer_job_runner import TriggerRunner
+
+    runner = TriggerRunner()
+    trigger.task_instance = None
+    runner.triggers[1] = {"task": None, "name": repr(trigger), "events": 0}
+    task = asyncio.create_task(runner.run_trigger(1, trigger, timeout_after=timeout_after))
+    runner.triggers[1]["task"] = task
+    await asyncio.sleep(3)  # connected to the job's log by now
+    assert not task.done()
+    cancelled_at = time.monotonic()
+    if cancel == "shutdown":
+        task.cancel()
+    else:  # the scheduler removed the trigger: the triggerer cancels it as after a user's action
+        runner.to_cancel.append(1)
+        await runner.cancel_triggers()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return cancelled_at
+
+
+@pytest.mark.integration
+def test_triggerer_restart_and_cleanup_leave_the_job_running(ray_conn):
+    job = _submit(SLEEPING, f"trigger-restart-{time.time_ns()}")
+    try:
+        _wait_for_status(job, RayJobStatus.RUNNING, 120)
+        asyncio.run(_run_in_triggerer(RayJobTrigger(submission_id=job, poll_interval_s=0.2), cancel="shutdown"))
+        asyncio.run(RayJobTrigger(submission_id=job).cleanup())  # on every exit: it must not touch the job
+        time.sleep(2)
+        assert RayHook().get_job_status(job) is RayJobStatus.RUNNING
+    finally:
+        RayHook().stop_job(job)
+
+
+@pytest.mark.integration
+def test_marking_the_deferred_task_stops_its_job_within_15_s(ray_conn):
+    job = _submit(SLEEPING, f"trigger-kill-{time.time_ns()}")
+    try:
+        _wait_for_status(job, RayJobStatus.RUNNING, 120)
+        cancelled_at = asyncio.run(
+            _run_in_triggerer(RayJobTrigger(submission_id=job, poll_interval_s=0.2), cancel="user"))
+        _wait_for_status(job, RayJobStatus.STOPPED, 15 - (time.monotonic() - cancelled_at))
+    finally:
+        RayHook().stop_job(job)
+
+
+@pytest.mark.integration
+def test_timed_out_trigger_is_not_killed_by_the_triggerer(ray_conn):
+    """Airflow cancels a timed-out trigger without on_kill(): RayJobOperator stops the job (test_ray_job)."""
+    from datetime import datetime, timedelta, timezone
+
+    job = _submit(SLEEPING, f"trigger-timeout-{time.time_ns()}")
+    try:
+        _wait_for_status(job, RayJobStatus.RUNNING, 120)
+        past = datetime.now(timezone.utc) - timedelta(seconds=1)
+        asyncio.run(_run_in_triggerer(RayJobTrigger(submission_id=job, poll_interval_s=0.2), cancel="timeout",
+                                      timeout_after=past))
+        time.sleep(2)
+        assert RayHook().get_job_status(job) is RayJobStatus.RUNNING
+    finally:
+        RayHook().stop_job(job)
+
+
+def _set_state(ti, state: str) -> None:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(TaskInstance).filter_by(id=ti.id).update({"state": state})
+
+
+def _on_kill_in_triggerer(trigger: RayJobTrigger) -> None:
+    """Call on_kill() with Airflow's task API at hand, as in a triggerer (here: in process, on the test DB)."""
+    import psutil
+    import structlog
+
+    from airflow.sdk.execution_time.supervisor import (
+        InProcessSupervisorComms, InProcessTestSupervisor, set_supervisor_comms,
+    )
+
+    supervisor = InProcessTestSupervisor(
+        id=trigger.task_instance.id, pid=os.getpid(), process=psutil.Process(),
+        process_log=structlog.get_logger(logger_name="task").bind(), client=InProcessTestSupervisor._api_client(),
+    )
+    supervisor.comms = InProcessSupervisorComms(supervisor=supervisor)
+    with set_supervisor_comms(supervisor.comms):
+        asyncio.run(trigger.on_kill())
+
+
+@pytest.mark.integration
+def test_trigger_taken_over_by_another_triggerer_leaves_the_job_running(airflow_db, ray_conn):
+    """Airflow 3.3 cancels a trigger that another triggerer took over as after a user's action. on_kill()
+    then finds the task still deferred and leaves the job; once the task is marked failed, it stops it."""
+    from airflow.sdk.api.datamodels._generated import TaskInstance as TaskInstanceSDK
+
+    from tests.conftest import load_dag
+
+    dag_run = load_dag("core_noop").test()
+    (ti,) = dag_run.get_task_instances()
+    trigger = RayJobTrigger(submission_id=_submit(SLEEPING, f"trigger-moved-{time.time_ns()}"))
+    trigger.task_instance = TaskInstanceSDK(id=ti.id, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
+                                            try_number=ti.try_number, map_index=ti.map_index,
+                                            dag_version_id=ti.dag_version_id)
+    try:
+        _wait_for_status(trigger.submission_id, RayJobStatus.RUNNING, 120)
+        _set_state(ti, "deferred")
+        _on_kill_in_triggerer(trigger)
+        time.sleep(2)
+        assert RayHook().get_job_status(trigger.submission_id) is RayJobStatus.RUNNING
+        _set_state(ti, "failed")
+        _on_kill_in_triggerer(trigger)
+        _wait_for_status(trigger.submission_id, RayJobStatus.STOPPED, 15)
+    finally:
+        RayHook().stop_job(trigger.submission_id)
