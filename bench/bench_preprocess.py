@@ -10,14 +10,14 @@ outside the timing). Then, one after the other on the same files:
   inputs, read, validation, hash split, fit on train, transform, Parquet per split, preprocessor and
   profile JSON, through the same per-batch functions, on the whole table. Timed from spawn to
   exit (interpreter start and imports included).
-* ``stage``: ``python -m rayml.data --spec ...`` submitted through the Ray Jobs API to a local
+* ``stage``: ``python -m airflow_ray_ml_stages.data --spec ...`` submitted through the Ray Jobs API to a local
   2-CPU cluster that this script starts (and stops), with the operator's runtime_env, timed from
   submit to the manifest appearing (what the operator waits for). ``engine`` is left at ``auto``
   (the direct pyarrow engine on this single node); ``stage, Ray Data`` forces ``engine=ray_data``.
 
 The stage's fixed cost is measured apart, so the reader sees where the time goes: job submit to
 RUNNING for a trivial entrypoint (``python -c pass``), the driver's imports (``python -c "import
-rayml.data.stage"`` in a fresh process) and the whole stage on 100 rows.
+airflow_ray_ml_stages.data.stage"`` in a fresh process) and the whole stage on 100 rows.
 
 Peak memory is measured the same way for every engine: the largest sum of PSS (proportional set
 size, so shared pages are not counted twice) sampled every 0.2 s over the engine's processes
@@ -51,7 +51,7 @@ def write_inputs(rows: int, folder: Path) -> list[str]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from rayml import wine
+    from airflow_ray_ml_stages import wine
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -113,14 +113,14 @@ def run_pandas(paths: list[str], out: str) -> dict:
 
     import pandas as pd
 
-    from rayml import artifacts
-    from rayml.data.batch import BatchContext
-    from rayml.data.profile import build_profile, merge_summaries, summarise
-    from rayml.data.transform import transform
-    from rayml.data.validation import raise_findings
-    from rayml.preprocessor import Moments, Preprocessor
-    from rayml.specs import PreprocessSpec
-    from rayml.wine import FEATURES, LABEL, TYPE_COLUMN
+    from airflow_ray_ml_stages import artifacts
+    from airflow_ray_ml_stages.data.batch import BatchContext
+    from airflow_ray_ml_stages.data.profile import build_profile, merge_summaries, summarise
+    from airflow_ray_ml_stages.data.transform import transform
+    from airflow_ray_ml_stages.data.validation import raise_findings
+    from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor
+    from airflow_ray_ml_stages.specs import PreprocessSpec
+    from airflow_ray_ml_stages.wine import FEATURES, LABEL, TYPE_COLUMN
 
     spec = PreprocessSpec(artifact_dir=out, source=paths, label_range=[0, 10])
     _mark("STARTED")
@@ -188,12 +188,12 @@ def measure_pandas(paths_file: Path, out: Path) -> dict:
 
 
 def submit(client, entrypoint: str) -> str:
-    import rayml
-    from rayml.constants import JOB_ENV_VARS
+    import airflow_ray_ml_stages
+    from airflow_ray_ml_stages.constants import JOB_ENV_VARS
 
     # What RayJobOperator.job_runtime_env() sends by default.
     return client.submit_job(entrypoint=entrypoint, runtime_env={
-        "py_modules": [os.path.dirname(rayml.__file__)], "env_vars": dict(JOB_ENV_VARS)})
+        "py_modules": [os.path.dirname(airflow_ray_ml_stages.__file__)], "env_vars": dict(JOB_ENV_VARS)})
 
 
 STATUS_POLL_S = 0.5  # Jobs API polls load the head's dashboard, which shares the CPUs with the job
@@ -207,13 +207,13 @@ def wait_job(client, job: str) -> str:
 
 
 def measure_stage(client, cluster, paths: list[str], out: Path, **fields) -> dict:
-    from rayml.localcluster import session_pids
+    from airflow_ray_ml_stages.localcluster import session_pids
 
     spec = {"artifact_dir": str(out), "source": paths, "label_range": [0, 10], **fields}
     manifest = out / "manifest.json"
     sampler = PeakSampler(lambda: session_pids(cluster.leader_pids[0]))
     started = time.perf_counter()
-    job = submit(client, f"python -m rayml.data --spec {shlex.quote(json.dumps(spec))}")
+    job = submit(client, f"python -m airflow_ray_ml_stages.data --spec {shlex.quote(json.dumps(spec))}")
     asked = time.perf_counter()
     while not manifest.exists():
         if time.perf_counter() - asked > STATUS_POLL_S:  # the manifest file is polled often, the API rarely
@@ -246,7 +246,7 @@ def fixed_costs(client, cluster, work: Path) -> dict:
     imports = []
     for _ in range(3):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import rayml.data.stage"], env=env, check=True)
+        subprocess.run([sys.executable, "-c", "import airflow_ray_ml_stages.data.stage"], env=env, check=True)
         imports.append(time.perf_counter() - started)
     small = write_inputs(FIXED_ROWS, work / "in-fixed")
     stage = [measure_stage(client, cluster, small, work / f"out-fixed-{index}")["seconds"] for index in range(3)]
@@ -266,7 +266,7 @@ def main() -> None:
     sys.path[:0] = [str(ROOT), str(ROOT / "include")]
     from ray.job_submission import JobSubmissionClient
 
-    from rayml.localcluster import LocalRayCluster, new_token
+    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
 
     work = Path(tempfile.mkdtemp(prefix="bench-pre-", dir="/tmp"))
     cluster = LocalRayCluster(temp_dir=str(work / "ray"), num_cpus=2, token=new_token())
@@ -324,7 +324,7 @@ def main() -> None:
                   f"{pandas['seconds'] / found['seconds']:>14.2f}x | {found['peak_mb']:>8,.0f} | "
                   f"{found['peak_mb'] / pandas['peak_mb']:>12.2f}x")
     print(f"stage fixed cost (medians of 3): job submit -> RUNNING {fixed['to_running']:.2f} s; driver imports "
-          f"(python -c 'import rayml.data.stage') {fixed['imports']:.2f} s; the whole stage on {FIXED_ROWS} rows, submit -> "
+          f"(python -c 'import airflow_ray_ml_stages.data.stage') {fixed['imports']:.2f} s; the whole stage on {FIXED_ROWS} rows, submit -> "
           f"manifest {fixed['stage']:.2f} s")
     print(f"seconds: median of {args.repeats} run(s); pandas from spawn to exit on one core, the stage from job submit "
           f"to manifest; load average (1 min) during the run: {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} CPUs")

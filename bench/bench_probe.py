@@ -25,7 +25,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-from rayml.localcluster import LocalRayCluster, new_token  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token  # noqa: E402
 
 
 def _context(run: int) -> dict:
@@ -34,7 +34,7 @@ def _context(run: int) -> dict:
 
 
 def time_operator(conn_id: str, repeats: int) -> tuple[list[float], dict]:
-    from operators.gpu_probe import GPUProbeOperator
+    from airflow_ray_ml.gpu_probe import GPUProbeOperator
 
     times, compute = [], {}
     for run in range(repeats):

@@ -27,17 +27,17 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-from rayml import wine  # noqa: E402
-from rayml.localcluster import LocalRayCluster, free_port, new_token  # noqa: E402
+from airflow_ray_ml_stages import wine  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, free_port, new_token  # noqa: E402
 
 ROW_COUNT = 4
 
 
 def run_stage(client, stage: str, spec: dict) -> dict:
-    from operators.ray_job import RAYML_PACKAGE_DIR, manifest_from_log
+    from airflow_ray_ml.ray_job import RAYML_PACKAGE_DIR, manifest_from_log
 
     submission = client.submit_job(
-        entrypoint=f"python -m rayml.{stage} --spec '{json.dumps(spec)}'",
+        entrypoint=f"python -m airflow_ray_ml_stages.{stage} --spec '{json.dumps(spec)}'",
         runtime_env={"py_modules": [RAYML_PACKAGE_DIR], "env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}},
     )
     while not client.get_job_status(submission).is_terminal():
@@ -98,7 +98,7 @@ def main() -> int:
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="bench-airflow-"))
     from ray.job_submission import JobSubmissionClient
 
-    from operators.ray_serve import RayServeDeployOperator
+    from airflow_ray_ml.ray_serve import RayServeDeployOperator
 
     work = tempfile.mkdtemp(prefix="bench-serve-")
     serve_port, plain_port = free_port(), free_port()

@@ -2,7 +2,7 @@
 
 Same splits, same epochs/rounds (early stopping off), same seed. Each contender starts cold:
 - plain: ``bench/plain_train.py`` in a fresh process, timed from spawn to exit (imports included);
-- stage: ``python -m rayml.train`` submitted as a Ray job to a local 2-CPU cluster with the
+- stage: ``python -m airflow_ray_ml_stages.train`` submitted as a Ray job to a local 2-CPU cluster with the
   operator's runtime_env (``py_modules`` + ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``), timed from
   submit to the manifest appearing (what the operator waits for), and to the job's end.
 One warm-up job runs first so the package upload (once per package version) is not counted.
@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-import rayml  # noqa: E402
-from rayml.constants import JOB_ENV_VARS  # noqa: E402
-from rayml.localcluster import LocalRayCluster, new_token  # noqa: E402
+import airflow_ray_ml_stages  # noqa: E402
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token  # noqa: E402
 from tests.train_data import write_splits  # noqa: E402
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -59,8 +59,8 @@ def stage(client, work: Path, fields: dict, config: dict, **spec_fields) -> tupl
     manifest = artifact_dir / "manifest.json"
     started = time.monotonic()
     job = client.submit_job(
-        entrypoint=f"python -m rayml.train --spec {shlex.quote(json.dumps(spec))}",
-        runtime_env={"py_modules": [str(Path(rayml.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)},
+        entrypoint=f"python -m airflow_ray_ml_stages.train --spec {shlex.quote(json.dumps(spec))}",
+        runtime_env={"py_modules": [str(Path(airflow_ray_ml_stages.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)},
     )
     # The manifest file is polled often, the Jobs API every 0.5 s (as the operator does, about):
     # each API call costs the head's dashboard CPU that the job shares.
@@ -95,7 +95,7 @@ def fixed_costs(client) -> dict[str, float]:
     for _ in range(3):
         started = time.monotonic()
         job = client.submit_job(entrypoint="python -c pass", runtime_env={
-            "py_modules": [str(Path(rayml.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)})
+            "py_modules": [str(Path(airflow_ray_ml_stages.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)})
         while str(client.get_job_status(job)) == "PENDING":
             time.sleep(0.05)
         to_running.append(time.monotonic() - started)
@@ -103,7 +103,7 @@ def fixed_costs(client) -> dict[str, float]:
             time.sleep(0.05)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
     imports = {}
-    for name, code in (("train_xgboost", "import rayml.train.stage, xgboost, pyarrow.parquet"),
+    for name, code in (("train_xgboost", "import airflow_ray_ml_stages.train.stage, xgboost, pyarrow.parquet"),
                        ("ray_train", "import ray; import ray.train.xgboost")):
         seconds = []
         for _ in range(3):
@@ -210,7 +210,7 @@ def main() -> None:
           f"median of {args.repeats} run(s), interleaved.")
     if fixed:
         print(f"job fixed cost (medians of 3): submit -> RUNNING {fixed['to_running']:.2f} s (python -c pass); driver "
-              f"imports: rayml.train + xgboost + pyarrow.parquet {fixed['train_xgboost']:.2f} s, ray.train.xgboost "
+              f"imports: airflow_ray_ml_stages.train + xgboost + pyarrow.parquet {fixed['train_xgboost']:.2f} s, ray.train.xgboost "
               f"{fixed['ray_train']:.2f} s (not imported by the in-process XGBoost run)")
     load.append(os.getloadavg()[0])
     print(f"load average (1 min) during the run: {min(load):.1f}-{max(load):.1f}")

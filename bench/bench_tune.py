@@ -2,7 +2,7 @@
 
 Same data (the generated wine set, 6,497 rows, preprocessed as the data stage writes it), same
 search space (the default: both families, both scalers), same searcher seed, so both runs sample
-the same configs; only the scheduler differs. Each run is ``python -m rayml.tune`` submitted as a
+the same configs; only the scheduler differs. Each run is ``python -m airflow_ray_ml_stages.tune`` submitted as a
 Ray job to one local 2-CPU cluster (one CPU per trial, two at once), timed from submit to the
 manifest. One warm-up job runs first so the package upload is not counted.
 
@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-import rayml  # noqa: E402
-from rayml.constants import JOB_ENV_VARS  # noqa: E402
-from rayml.localcluster import LocalRayCluster, new_token  # noqa: E402
+import airflow_ray_ml_stages  # noqa: E402
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token  # noqa: E402
 from tests.train_data import write_preprocessed  # noqa: E402
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -42,8 +42,8 @@ def tune(client, work: Path, data: dict, **spec_fields) -> tuple[float, dict]:
             **spec_fields}
     started = time.monotonic()
     job = client.submit_job(
-        entrypoint=f"python -m rayml.tune --spec {shlex.quote(json.dumps(spec))}",
-        runtime_env={"py_modules": [str(Path(rayml.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)},
+        entrypoint=f"python -m airflow_ray_ml_stages.tune --spec {shlex.quote(json.dumps(spec))}",
+        runtime_env={"py_modules": [str(Path(airflow_ray_ml_stages.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)},
     )
     manifest = artifact_dir / "manifest.json"
     while not manifest.exists() and client.get_job_status(job) not in TERMINAL:

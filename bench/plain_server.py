@@ -17,7 +17,7 @@ def make_app(model_dir: str):
     from fastapi.responses import JSONResponse
     from pydantic import BaseModel, Field
 
-    from rayml.serve import MAX_INSTANCES, LoadedModel
+    from airflow_ray_ml_stages.serve import MAX_INSTANCES, LoadedModel
 
     model = LoadedModel.load(model_dir)
     app = FastAPI()

@@ -30,8 +30,8 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from rayml.models.mlp import lightning_module
-    from rayml.specs import LIGHTNING_DEFAULTS
+    from airflow_ray_ml_stages.models.mlp import lightning_module
+    from airflow_ray_ml_stages.specs import LIGHTNING_DEFAULTS
 
     pl.seed_everything(seed, verbose=False)
     torch.set_num_threads(1)
@@ -52,7 +52,7 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
 def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int) -> np.ndarray:
     import xgboost
 
-    from rayml.specs import XGBOOST_DEFAULTS
+    from airflow_ray_ml_stages.specs import XGBOOST_DEFAULTS
 
     (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
     params = {key: value for key, value in XGBOOST_DEFAULTS.items() if key not in ("num_boost_round", "early_stopping_rounds")}

@@ -25,8 +25,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from operators.ray_job import RayJobOperator
-from operators.ray_score import RayBatchScoreOperator
+from airflow_ray_ml.ray_job import RayJobOperator
+from airflow_ray_ml.ray_score import RayBatchScoreOperator
 
 # The same name as the pipeline's deploy outlet (dags/wine_quality_pipeline.py): Airflow matches
 # assets by name, so this DAG runs after every promotion.
@@ -58,10 +58,10 @@ with DAG(
     @task(doc_md="The promoted model of the triggering asset event, else the one `serve_app` serves now; "
                  "with the raw columns it needs.")
     def model_to_score(triggering_asset_events=None, params: dict | None = None) -> dict:
-        from operators.hooks.ray import RayHook
-        from operators.ray_score import served_model
-        from rayml import artifacts
-        from rayml.preprocessor import Preprocessor
+        from airflow_ray_ml.hooks.ray import RayHook
+        from airflow_ray_ml.ray_score import served_model
+        from airflow_ray_ml_stages import artifacts
+        from airflow_ray_ml_stages.preprocessor import Preprocessor
 
         promoted = [dict(event.extra) for events in (triggering_asset_events or {}).values()
                     for event in events if event.extra and event.extra.get("model_dir")]
@@ -71,7 +71,7 @@ with DAG(
 
     @task.branch(doc_md="Score the `input` Param's file; else generate new wines, if the model reads wines.")
     def pick_input(model: dict, params: dict | None = None, ti=None) -> list[str]:
-        from rayml import wine
+        from airflow_ray_ml_stages import wine
 
         if (params or {}).get("input"):
             return ["scoring_input"]

@@ -38,13 +38,13 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from operators.gpu_probe import GPUProbeOperator
-from operators.ray_data import RayDataPreprocessOperator
-from operators.ray_job import RayJobOperator
-from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator
-from operators.ray_tune import RayTuneOperator
-from rayml.wine import QUALITY_RANGE
+from airflow_ray_ml.gpu_probe import GPUProbeOperator
+from airflow_ray_ml.ray_data import RayDataPreprocessOperator
+from airflow_ray_ml.ray_job import RayJobOperator
+from airflow_ray_ml.ray_serve import RayServeDeployOperator
+from airflow_ray_ml.ray_train import RayTrainOperator
+from airflow_ray_ml.ray_tune import RayTuneOperator
+from airflow_ray_ml_stages.wine import QUALITY_RANGE
 
 DEMO_ROWS = 6497  # the size of the published data set
 DEMO_SEED = 7
@@ -145,7 +145,7 @@ with DAG(
 
     @task(doc_md="The search space from the Params form, or the `search_space` Param as given.")
     def search_space(params: dict | None = None) -> dict:
-        from rayml.search_space import SearchSpace, default_search_space
+        from airflow_ray_ml_stages.search_space import SearchSpace, default_search_space
 
         params = params or {}
         if params.get("search_space"):

@@ -19,16 +19,16 @@ def get_provider_info() -> dict:
         "integrations": [
             {"integration-name": "Ray", "external-doc-url": "https://docs.ray.io/", "tags": ["software"]}
         ],
-        "hooks": [{"integration-name": "Ray", "python-modules": ["operators.hooks.ray"]}],
-        "triggers": [{"integration-name": "Ray", "python-modules": ["operators.triggers.ray"]}],
+        "hooks": [{"integration-name": "Ray", "python-modules": ["airflow_ray_ml.hooks.ray"]}],
+        "triggers": [{"integration-name": "Ray", "python-modules": ["airflow_ray_ml.triggers.ray"]}],
         "extra-links": [
-            "operators.links.ray.RayJobLink",
-            "operators.links.ray.RayServeEndpointLink",
-            "operators.links.ray.RayServeDashboardLink",
+            "airflow_ray_ml.links.ray.RayJobLink",
+            "airflow_ray_ml.links.ray.RayServeEndpointLink",
+            "airflow_ray_ml.links.ray.RayServeDashboardLink",
         ],
         # Airflow loads a provider's plugins only with [core] lazy_discover_providers = False; the
         # package's "airflow.plugins" entry point (pyproject.toml) loads the page by default.
-        "plugins": [{"name": "ray_ml", "plugin-class": "operators.plugins.ray_ml.RayMLPlugin"}],
+        "plugins": [{"name": "ray_ml", "plugin-class": "airflow_ray_ml.plugins.ray_ml.RayMLPlugin"}],
         "config": {
             "ray_ml": {
                 "description": "The \"Ray ML\" page of the Airflow UI (operators/plugins/ray_ml.py).",
@@ -55,7 +55,7 @@ def get_provider_info() -> dict:
         },
         "connection-types": [
             {
-                "hook-class-name": "operators.hooks.ray.RayHook",
+                "hook-class-name": "airflow_ray_ml.hooks.ray.RayHook",
                 "hook-name": "Ray",
                 "connection-type": "ray",
                 "conn-fields": {

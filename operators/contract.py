@@ -1,6 +1,6 @@
 """One contract per stage: the Ray-side spec dataclass declares each setting once.
 
-A stage's spec (``rayml.specs.TrainSpec``, ``PreprocessSpec``, ...) holds every setting with its
+A stage's spec (``airflow_ray_ml_stages.specs.TrainSpec``, ``PreprocessSpec``, ...) holds every setting with its
 type, its default, its doc (the ``:param:`` lines of its docstring) and its validation
 (``__post_init__``). A stage operator names its spec and gets from it:
 
@@ -12,7 +12,7 @@ type, its default, its doc (the ``:param:`` lines of its docstring) and its vali
   every operator (``"False"`` is false, ``"None"`` is None, ``"[0, 10]"`` is a list).
 
 Validation stays where it is declared: the spec's ``from_dict`` runs in Airflow before any job
-starts (:meth:`operators.ray_job.RayJobOperator.full_spec`).
+starts (:meth:`airflow_ray_ml.ray_job.RayJobOperator.full_spec`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import types
 import typing
 from typing import Any
 
-from operators.errors import InvalidSpecError
+from airflow_ray_ml.errors import InvalidSpecError
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from operators.contract import operator_setting
-from operators.errors import GPUNotAvailableError
-from operators.links.ray import RAY_JOB_XCOM_KEY, cluster_page_url
-from operators.stage import StageOperator
-from rayml.probe import NodeResources, plan_cpu
-from rayml.specs import ComputeSpec, ProbeSpec
+from airflow_ray_ml.contract import operator_setting
+from airflow_ray_ml.errors import GPUNotAvailableError
+from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY, cluster_page_url
+from airflow_ray_ml.stage import StageOperator
+from airflow_ray_ml_stages.probe import NodeResources, plan_cpu
+from airflow_ray_ml_stages.specs import ComputeSpec, ProbeSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -32,7 +32,7 @@ class GPUProbeOperator(StageOperator):
     Where the cluster advertises no GPU (and ``wait_for_gpu_s`` is 0) the decision comes from the
     State API alone, in well under a second. Where GPUs are advertised, a Ray job places one
     ``num_gpus=1`` task and runs a CUDA smoke test in it; a GPU that Ray advertises but CUDA cannot
-    use means CPU, with that reason. The XCom is the compute spec (``rayml.specs.ComputeSpec``)
+    use means CPU, with that reason. The XCom is the compute spec (``airflow_ray_ml_stages.specs.ComputeSpec``)
     that RayTrain, RayTune and RayServeDeploy take.
 
     :param require_gpu: fail the task instead of falling back to CPU. (templated)

@@ -1,9 +1,9 @@
 """The job-submitting core shared by every stage operator.
 
 An operator never preprocesses, trains or serves inside the Airflow worker. It builds a stage spec,
-runs ``python -m rayml.<stage> --spec '<json>'`` as a Ray job with the Ray-side package shipped in
+runs ``python -m airflow_ray_ml_stages.<stage> --spec '<json>'`` as a Ray job with the Ray-side package shipped in
 the job's ``runtime_env``, follows the job (streaming its log into the task log line by line as the
-job writes it, from the worker or, deferred, from :class:`~operators.triggers.ray.RayJobTrigger`),
+job writes it, from the worker or, deferred, from :class:`~airflow_ray_ml.triggers.ray.RayJobTrigger`),
 and returns the job's result manifest as the XCom (each of its keys also as an XCom of its own,
 for ``task.output["key"]``).
 
@@ -24,25 +24,25 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import TaskDeferralTimeout
 
-import rayml
-from rayml import artifacts
-from rayml.constants import JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
-from rayml.errors import RayMLError
-from operators.contract import coerce_spec
-from operators.errors import (
+import airflow_ray_ml_stages
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
+from airflow_ray_ml_stages.errors import RayMLError
+from airflow_ray_ml.contract import coerce_spec
+from airflow_ray_ml.errors import (
     InvalidSpecError, RayAuthError, RayClusterUnreachableError, RayJobFailedError, RayJobTimeoutError, RayManifestError,
     RayOperatorError,
 )
-from operators.hooks.ray import RayHook
-from operators.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
-from operators.links.ray import RAY_JOB_XCOM_KEY, RayJobLink, job_page_url
-from operators.triggers.ray import RayJobTrigger
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
+from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY, RayJobLink, job_page_url
+from airflow_ray_ml.triggers.ray import RayJobTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 DEFAULT_ARTIFACT_ROOT = str(Path.home() / "airflow-ray-ml" / "artifacts")
-RAYML_PACKAGE_DIR = str(Path(rayml.__file__).resolve().parent)
+RAYML_PACKAGE_DIR = str(Path(airflow_ray_ml_stages.__file__).resolve().parent)
 
 
 def manifest_from_log(log_text: str) -> dict[str, Any] | None:
@@ -57,12 +57,12 @@ def manifest_from_log(log_text: str) -> dict[str, Any] | None:
 
 
 class RayJobOperator(BaseOperator):
-    """Run one Ray-side stage (``rayml.<stage>``) as a Ray job and return its manifest as the XCom.
+    """Run one Ray-side stage (``airflow_ray_ml_stages.<stage>``) as a Ray job and return its manifest as the XCom.
 
     Stage operators subclass this and override :meth:`build_spec`; on its own it runs any stage
     with a spec given as a dict.
 
-    :param stage: the stage module under ``rayml`` (for example ``generate``). (templated)
+    :param stage: the stage module under ``airflow_ray_ml_stages`` (for example ``generate``). (templated)
     :param spec: the stage's spec fields other than ``artifact_dir``, which the operator sets to
         this task run's directory. (templated)
     :param ray_conn_id: the Airflow connection to the Ray cluster (type ``ray``).
@@ -148,7 +148,7 @@ class RayJobOperator(BaseOperator):
 
     def entrypoint(self, spec: dict[str, Any]) -> str:
         # The stage was checked against the known stages (full_spec); quoting keeps it one word anyway.
-        module = shlex.quote(f"rayml.{self.stage}")
+        module = shlex.quote(f"airflow_ray_ml_stages.{self.stage}")
         return f"python -m {module} --spec {shlex.quote(json.dumps(spec, sort_keys=True))}"
 
     def full_spec(self, context: Context) -> dict[str, Any]:
@@ -163,7 +163,7 @@ class RayJobOperator(BaseOperator):
             raise InvalidSpecError(
                 f"task {self.task_id!r}: unknown stage {self.stage!r}; it must be one of {sorted(spec_types)}"
             )
-        # values a template rendered as text take their field's type here, once (operators.contract)
+        # values a template rendered as text take their field's type here, once (airflow_ray_ml.contract)
         spec = coerce_spec(spec_type, {**self.build_spec(context), "artifact_dir": self.artifact_dir(context)})
         try:
             spec_type.from_dict(spec)
@@ -337,7 +337,7 @@ def _last_lines(log_text: str, count: int = 3) -> str:
 
 
 def _spec_types() -> dict[str, type]:
-    from rayml import specs
+    from airflow_ray_ml_stages import specs
 
     return {
         cls.stage: cls

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from operators.contract import coerce_value
-from operators.errors import InvalidSpecError, RayOperatorError
-from operators.hooks.ray import RayHook
-from operators.ray_serve import DEPLOYMENT_NAME
-from operators.stage import StageOperator
-from rayml.specs import ScoreSpec
+from airflow_ray_ml.contract import coerce_value
+from airflow_ray_ml.errors import InvalidSpecError, RayOperatorError
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.ray_serve import DEPLOYMENT_NAME
+from airflow_ray_ml.stage import StageOperator
+from airflow_ray_ml_stages.specs import ScoreSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,7 +31,7 @@ def served_model(hook: RayHook, app_name: str) -> dict[str, Any]:
 class RayBatchScoreOperator(StageOperator):
     """Write predictions for a CSV/Parquet file next to it, with Ray Data's batch-inference pattern.
 
-    Runs the ``score`` stage (``python -m rayml.score``): a pool of actors that each load the
+    Runs the ``score`` stage (``python -m airflow_ray_ml_stages.score``): a pool of actors that each load the
     model once scores the input in batches; the output is the input's rows plus a prediction
     column, in the input's format, at ``<input name>.predictions-<model version>`` (never over an
     earlier output). The XCom is the stage's manifest (``output_uri``, ``rows``, ``model_version``,

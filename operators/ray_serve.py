@@ -22,17 +22,17 @@ from urllib.parse import urlsplit
 import requests
 from airflow.sdk import BaseOperator
 
-from operators.contract import coerce_value, operator_setting
-from operators.errors import InvalidSpecError, RayOperatorError, ServeDeployError
-from operators.hooks.ray import RayHook
-from operators.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
-from rayml import artifacts
-from rayml.metrics import regression_metrics
+from airflow_ray_ml.contract import coerce_value, operator_setting
+from airflow_ray_ml.errors import InvalidSpecError, RayOperatorError, ServeDeployError
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.metrics import regression_metrics
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-APP_IMPORT_PATH = "rayml.serve:build_app"  # kept equal to rayml.serve.APP_IMPORT_PATH by a test
+APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"  # kept equal to airflow_ray_ml_stages.serve.APP_IMPORT_PATH by a test
 DEPLOYMENT_NAME = "ModelServer"
 LOWER_IS_BETTER = {"rmse", "mae"}
 APP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -147,7 +147,7 @@ class RayServeDeployOperator(BaseOperator):
     def serving_dir(self) -> str:
         root = self.artifact_root or self.hook.artifact_root
         if not root:
-            from operators.ray_job import DEFAULT_ARTIFACT_ROOT
+            from airflow_ray_ml.ray_job import DEFAULT_ARTIFACT_ROOT
 
             root = DEFAULT_ARTIFACT_ROOT
         return artifacts.join(root, "serving", artifacts.safe_segment(self.app_name))
@@ -220,7 +220,7 @@ class RayServeDeployOperator(BaseOperator):
         import zipfile
         from pathlib import Path
 
-        from operators.ray_job import RAYML_PACKAGE_DIR
+        from airflow_ray_ml.ray_job import RAYML_PACKAGE_DIR
 
         package = Path(RAYML_PACKAGE_DIR)
         files = sorted(p for p in package.rglob("*.py"))
@@ -230,7 +230,7 @@ class RayServeDeployOperator(BaseOperator):
             buffer = io.BytesIO()
             with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
                 for path in files:
-                    archive.write(path, str(Path("rayml") / path.relative_to(package)))
+                    archive.write(path, str(Path("airflow_ray_ml_stages") / path.relative_to(package)))
             artifacts.write_bytes_atomic(uri, buffer.getvalue())
         return uri
 
@@ -264,7 +264,7 @@ class RayServeDeployOperator(BaseOperator):
 
     def _test_rows(self) -> tuple[list[dict[str, Any]], list[float]]:
         """Raw rows (and labels) of the test split, decoded with the preprocessor that wrote it."""
-        from rayml.preprocessor import Preprocessor, raw_split_rows
+        from airflow_ray_ml_stages.preprocessor import Preprocessor, raw_split_rows
 
         data = self.data if isinstance(self.data, dict) else {}
         test_split = (data.get("split_uris") or {}).get("test")
@@ -323,7 +323,7 @@ class RayServeDeployOperator(BaseOperator):
                                    f"'/'), got {self.route_prefix!r}")
 
     def coerce_settings(self) -> None:
-        """Templated values rendered as text take their types, as the stage operators' do (operators.contract)."""
+        """Templated values rendered as text take their types, as the stage operators' do (airflow_ray_ml.contract)."""
         self.model = coerce_value(self.model, dict[str, Any], f"{self.task_id}.model")
         self.data = coerce_value(self.data, dict[str, Any] | None, f"{self.task_id}.data")
         self.compute = coerce_value(self.compute, dict[str, Any] | None, f"{self.task_id}.compute")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from operators.stage import PREPROCESSED_FIELDS, StageOperator
-from rayml.specs import TrainSpec
+from airflow_ray_ml.stage import PREPROCESSED_FIELDS, StageOperator
+from airflow_ray_ml_stages.specs import TrainSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 class RayTrainOperator(StageOperator):
-    """Train a model on Ray Train (``rayml.train``) and return its manifest as the XCom.
+    """Train a model on Ray Train (``airflow_ray_ml_stages.train``) and return its manifest as the XCom.
 
     The job fits the chosen family on the preprocessed splits, checkpoints into this task run's
     artifact directory (a retry of the same task run resumes from the last checkpoint), and writes

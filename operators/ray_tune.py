@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from operators.stage import StageOperator
-from rayml.specs import TuneSpec
+from airflow_ray_ml.stage import StageOperator
+from airflow_ray_ml_stages.specs import TuneSpec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 class RayTuneOperator(StageOperator):
-    """Run a Ray Tune search (``rayml.tune``) over the preprocessed splits and return its manifest.
+    """Run a Ray Tune search (``airflow_ray_ml_stages.tune``) over the preprocessed splits and return its manifest.
 
     Each trial trains one sampled config (family ``lightning`` or ``xgboost``, a scaler, the
     family's hyperparameters) in its own actor with the train stage's loops, on splits the

@@ -1,17 +1,17 @@
-"""StageOperator: a RayJobOperator whose arguments come from its stage's spec (see operators.contract)."""
+"""StageOperator: a RayJobOperator whose arguments come from its stage's spec (see airflow_ray_ml.contract)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
-from operators.contract import coerce_value, field_default, params_doc, spec_fields
-from operators.errors import InvalidSpecError
-from operators.ray_job import RayJobOperator
+from airflow_ray_ml.contract import coerce_value, field_default, params_doc, spec_fields
+from airflow_ray_ml.errors import InvalidSpecError
+from airflow_ray_ml.ray_job import RayJobOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-# A preprocess task's XCom (rayml.specs.PreprocessResult) as the data fields of the train and tune specs.
+# A preprocess task's XCom (airflow_ray_ml_stages.specs.PreprocessResult) as the data fields of the train and tune specs.
 PREPROCESSED_FIELDS: dict[str, tuple[str, ...]] = {
     "train_uri": ("split_uris", "train"),
     "validation_uri": ("split_uris", "validation"),
@@ -27,7 +27,7 @@ PREPROCESSED_FIELDS: dict[str, tuple[str, ...]] = {
 class StageOperator(RayJobOperator):
     """Run the stage of ``spec_type`` with one keyword argument per spec field.
 
-    Subclasses set ``spec_type`` (a ``rayml.specs`` stage spec), ``derived_fields`` (spec fields
+    Subclasses set ``spec_type`` (a ``airflow_ray_ml_stages.specs`` stage spec), ``derived_fields`` (spec fields
     the operator fills from its other arguments, such as the splits from ``data``) and
     ``own_template_fields`` (their own templated arguments); the rest follows from the spec.
     """
@@ -44,7 +44,7 @@ class StageOperator(RayJobOperator):
         cls.spec_arguments = tuple(field.name for field in spec_fields(cls.spec_type, cls.derived_fields))
         cls.template_fields = (*RayJobOperator.template_fields, *cls.own_template_fields, *cls.spec_arguments)
         cls.__doc__ = (
-            f"{(cls.__doc__ or '').rstrip()}\n\n    The stage's settings (``rayml.specs.{cls.spec_type.__name__}``, "
+            f"{(cls.__doc__ or '').rstrip()}\n\n    The stage's settings (``airflow_ray_ml_stages.specs.{cls.spec_type.__name__}``, "
             f"with its defaults):\n\n{params_doc(cls.spec_type, cls.spec_arguments)}\n"
         )
 

@@ -27,7 +27,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-from rayml import localcluster  # noqa: E402
+from airflow_ray_ml_stages import localcluster  # noqa: E402
 
 RUN_DIR = ROOT / ".run"
 AIRFLOW_HOME = ROOT / ".airflow"
@@ -275,7 +275,7 @@ def report_leaderboard(client: AirflowClient, run_id: str, top: int = 5) -> None
     tuned = _xcom(client, run_id, "tune")
     if not isinstance(tuned, dict) or not tuned.get("leaderboard_json_uri"):
         return
-    from rayml import artifacts
+    from airflow_ray_ml_stages import artifacts
 
     rows = artifacts.read_json(tuned["leaderboard_json_uri"])
     counts = tuned.get("trials", {})
@@ -326,7 +326,7 @@ def sample_prediction(endpoint: str, preprocessed: dict) -> tuple[dict, object, 
     The split is decoded with the preprocessor that wrote it, which the model's own may not be
     (tuning can pick another scaler).
     """
-    from rayml.preprocessor import Preprocessor, raw_split_rows
+    from airflow_ray_ml_stages.preprocessor import Preprocessor, raw_split_rows
 
     preprocessor = Preprocessor.load(preprocessed["preprocessor_uri"])
     rows, labels = raw_split_rows(preprocessed["split_uris"]["test"], preprocessor, limit=1)
@@ -371,7 +371,7 @@ def run_conf(conf: dict, source: str = "", label: str = "", app: str = "") -> di
 
 
 def _app_name_for(label: str | None) -> str:
-    from rayml import wine
+    from airflow_ray_ml_stages import wine
 
     if not label or label == wine.LABEL:
         return ""

@@ -77,7 +77,7 @@ requires_cuda = pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on th
 @contextlib.contextmanager
 def extra_cluster(conn_id: str, **cluster_kwargs):
     """Another real local Ray head (e.g. one advertising a GPU) reached through connection ``conn_id``."""
-    from rayml.localcluster import LocalRayCluster, new_token
+    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
 
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rx", dir="/tmp"), token=new_token(),
                               **{"num_cpus": 2, **cluster_kwargs})
@@ -98,7 +98,7 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real 2-CPU Ray head on free ports with token auth, stopped (by its session) afterwards."""
-    from rayml.localcluster import LocalRayCluster, new_token
+    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, token=new_token())
@@ -118,7 +118,7 @@ def artifact_root(tmp_path_factory) -> str:
 def ray_conn(ray_cluster, artifact_root):
     """Point the ``ray_default`` connection at the test cluster (dashboard URL, token, artifacts, and a
     free port for Ray Serve's HTTP proxy)."""
-    from rayml.localcluster import free_port
+    from airflow_ray_ml_stages.localcluster import free_port
 
     os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({
         "conn_type": "ray",

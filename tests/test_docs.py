@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from operators.contract import spec_param_docs
-from operators.gpu_probe import GPUProbeOperator
-from operators.ray_data import RayDataPreprocessOperator
-from operators.ray_score import RayBatchScoreOperator
-from operators.ray_train import RayTrainOperator
-from operators.ray_tune import RayTuneOperator
+from airflow_ray_ml.contract import spec_param_docs
+from airflow_ray_ml.gpu_probe import GPUProbeOperator
+from airflow_ray_ml.ray_data import RayDataPreprocessOperator
+from airflow_ray_ml.ray_score import RayBatchScoreOperator
+from airflow_ray_ml.ray_train import RayTrainOperator
+from airflow_ray_ml.ray_tune import RayTuneOperator
 from tests.conftest import ROOT
 
 PAGES = {
@@ -26,7 +26,7 @@ _ROW = re.compile(r"^\| `(\w+)` \| .* \| (.*) \|$")
 
 def _settings_table(text: str) -> dict[str, str]:
     """The rows of the table that follows the sentence naming the spec it mirrors."""
-    tail = text[re.search(r"mirrors\s+`rayml\.specs\.", text).start():]
+    tail = text[re.search(r"mirrors\s+`airflow_ray_ml_stages\.specs\.", text).start():]
     rows: dict[str, str] = {}
     for line in tail.splitlines()[1:]:
         if rows and not line.startswith("|"):

@@ -1,6 +1,6 @@
 """The two layers stay apart, and the Ray-side package stays in layers of its own.
 
-rayml never imports airflow; its modules import each other without cycles; no module uses another
+airflow_ray_ml_stages never imports airflow; its modules import each other without cycles; no module uses another
 module's private names; the modules the Airflow side and the stage jobs import keep the heavy
 libraries out of import time.
 """
@@ -15,14 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import rayml
+import airflow_ray_ml_stages
 from tests.conftest import ROOT
 
-RAYML_DIR = Path(rayml.__file__).parent
-# This checkout's rayml, not whichever one the interpreter has installed (an editable install of another).
+RAYML_DIR = Path(airflow_ray_ml_stages.__file__).parent
+# This checkout's airflow_ray_ml_stages, not whichever one the interpreter has installed (an editable install of another).
 CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
 OUTSIDE_DIRS = ("operators", "dags", "plugins", "bench", "scripts", "tests")
-"""Code outside the package that imports it: it may use only rayml's public names too."""
+"""Code outside the package that imports it: it may use only airflow_ray_ml_stages's public names too."""
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -44,8 +44,8 @@ def test_rayml_sources_never_import_airflow_or_operators():
 
 
 def test_importing_every_rayml_module_loads_no_airflow():
-    modules = [info.name for info in pkgutil.walk_packages(rayml.__path__, "rayml.")]
-    assert "rayml.stage" in modules
+    modules = [info.name for info in pkgutil.walk_packages(airflow_ray_ml_stages.__path__, "airflow_ray_ml_stages.")]
+    assert "airflow_ray_ml_stages.stage" in modules
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}: importlib.import_module(name)\n"
@@ -182,8 +182,8 @@ def _private_uses(package_dir: Path, outside: list[Path] = ()) -> list[str]:
 
 def test_rayml_modules_import_each_other_without_cycles():
     graph = _import_graph(RAYML_DIR)
-    assert {"rayml.data.stage", "rayml.train.stage", "rayml.specs"} <= set(graph)
-    assert "rayml.data.engines" in graph["rayml.data.stage"]  # the graph sees the package's imports
+    assert {"airflow_ray_ml_stages.data.stage", "airflow_ray_ml_stages.train.stage", "airflow_ray_ml_stages.specs"} <= set(graph)
+    assert "airflow_ray_ml_stages.data.engines" in graph["airflow_ray_ml_stages.data.stage"]  # the graph sees the package's imports
     assert _cycle(graph) == [], " -> ".join(_cycle(graph))
 
 
@@ -227,14 +227,14 @@ def _loaded_after_import(modules: list[str], watched: tuple[str, ...]) -> list[s
 
 
 def test_the_stage_entry_modules_import_no_heavy_library():
-    """What ``python -m rayml.<stage>`` imports before the stage decides what it needs: each stage
+    """What ``python -m airflow_ray_ml_stages.<stage>`` imports before the stage decides what it needs: each stage
     imports pandas, torch, xgboost, Ray or matplotlib only on the path that uses them."""
-    stages = ["rayml.data.stage", "rayml.train.stage", "rayml.tune", "rayml.score", "rayml.generate",
-              "rayml.probe"]
+    stages = ["airflow_ray_ml_stages.data.stage", "airflow_ray_ml_stages.train.stage", "airflow_ray_ml_stages.tune", "airflow_ray_ml_stages.score", "airflow_ray_ml_stages.generate",
+              "airflow_ray_ml_stages.probe"]
     assert _loaded_after_import(stages, HEAVY) == []
 
 
 def test_the_specs_import_neither_numpy_nor_pyarrow():
-    """rayml.specs and rayml.search_space (what the Airflow side builds specs with) stay light,
-    though rayml.specs imports rayml.train.config from the train package."""
-    assert _loaded_after_import(["rayml.specs", "rayml.search_space"], ("numpy", "pyarrow", *HEAVY)) == []
+    """airflow_ray_ml_stages.specs and airflow_ray_ml_stages.search_space (what the Airflow side builds specs with) stay light,
+    though airflow_ray_ml_stages.specs imports airflow_ray_ml_stages.train.config from the train package."""
+    assert _loaded_after_import(["airflow_ray_ml_stages.specs", "airflow_ray_ml_stages.search_space"], ("numpy", "pyarrow", *HEAVY)) == []

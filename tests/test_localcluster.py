@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from operators.errors import RayOperatorError
-from operators.hooks.ray import RayHook
-from rayml import localcluster
-from rayml.errors import ClusterError
-from rayml.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
+from airflow_ray_ml.errors import RayOperatorError
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml_stages import localcluster
+from airflow_ray_ml_stages.errors import ClusterError
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
 from tests.conftest import ROOT, extra_cluster, load_dag
 
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
@@ -171,9 +171,9 @@ def _copy_checkout(target: Path) -> None:
 
 
 def _cli(command: str, checkout: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m rayml.localcluster`` as `make run` / `make stop` run it, from the checkout."""
+    """``python -m airflow_ray_ml_stages.localcluster`` as `make run` / `make stop` run it, from the checkout."""
     return subprocess.run(
-        [sys.executable, "-m", "rayml.localcluster", command, "--pid-file", str(checkout / ".run" / "ray.json"),
+        [sys.executable, "-m", "airflow_ray_ml_stages.localcluster", command, "--pid-file", str(checkout / ".run" / "ray.json"),
          *args],
         cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout / "include")},
         capture_output=True, text=True, timeout=180,
@@ -184,7 +184,7 @@ def _cli(command: str, checkout: Path, *args: str) -> subprocess.CompletedProces
 def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deployed_model(
         tmp_path, monkeypatch, airflow_db):
     """The checkout's absolute path is at least 60 characters long (here over 100)."""
-    from rayml import wine
+    from airflow_ray_ml_stages import wine
 
     checkout = tmp_path / ("a-directory-whose-name-makes-the-path-long-" + "x" * 40) / "airflow-ray-ml"
     assert len(str(checkout)) >= 100

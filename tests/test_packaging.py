@@ -30,10 +30,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.packaging]
 
 DIST_NAME = "airflow-ray-ml"
 VERSION = "0.1.0"
-# The import packages the wheel installs at the top of site-packages. The step that installs the
-# Airflow side under its namespaced name changes this to {"airflow_ray_ml", "rayml"}.
-SHIPPED_TOP_LEVEL = {"operators", "rayml"}
-AIRFLOW_PACKAGE = "operators"
+# The import packages the wheel installs at the top of site-packages: namespaced names only, no
+# top-level `operators` (a name teams use for their own code).
+SHIPPED_TOP_LEVEL = {"airflow_ray_ml", "airflow_ray_ml_stages"}
+AIRFLOW_PACKAGE = "airflow_ray_ml"
+AIRFLOW_FOLDER = "operators"  # the Astro-style project's folder that AIRFLOW_PACKAGE installs from
 PLUGIN_NAME = "ray_ml"
 PLUGIN_CLASS = f"{AIRFLOW_PACKAGE}.plugins.ray_ml.RayMLPlugin"
 CONN_FIELDS = {"dashboard_url", "auth_token", "verify_tls", "serve_url", "artifact_root"}
@@ -151,8 +152,8 @@ def _python(installed: dict, code: str):
 
 def _package_data(tree: Path) -> set[str]:
     """The non-Python files the packages carry, as paths in the source tree."""
-    files = [*tree.glob(f"{AIRFLOW_PACKAGE}/plugins/templates/*.html"), *tree.glob("include/rayml/*.sh"),
-             tree / AIRFLOW_PACKAGE / "py.typed", tree / "include" / "rayml" / "py.typed"]
+    files = [*tree.glob(f"{AIRFLOW_FOLDER}/plugins/templates/*.html"), *tree.glob("include/airflow_ray_ml_stages/*.sh"),
+             tree / AIRFLOW_FOLDER / "py.typed", tree / "include" / "airflow_ray_ml_stages" / "py.typed"]
     return {str(path.relative_to(tree)) for path in files}
 
 
@@ -167,7 +168,7 @@ def test_sdist_carries_license_readme_docs_and_package_data(dists):
     assert wanted <= members.keys(), sorted(wanted - members.keys())
     assert license_text == (source / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
-    assert members["include/rayml/haproxy_loopback.sh"].mode & 0o111  # Serve executes it
+    assert members["include/airflow_ray_ml_stages/haproxy_loopback.sh"].mode & 0o111  # Serve executes it
 
 
 def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
@@ -178,7 +179,7 @@ def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
         paths = [line.split(",")[0] for line in wheel.read(record).decode().splitlines() if line]
         metadata = wheel.read(f"{info_dir}/METADATA").decode()
         entry_points = wheel.read(f"{info_dir}/entry_points.txt").decode()
-        script_mode = wheel.getinfo("rayml/haproxy_loopback.sh").external_attr >> 16
+        script_mode = wheel.getinfo("airflow_ray_ml_stages/haproxy_loopback.sh").external_attr >> 16
     assert set(paths) == set(names)
     top_level = {path.split("/")[0].removesuffix(".py") for path in paths
                  if not path.split("/")[0].endswith((".dist-info", ".data"))}
@@ -205,13 +206,13 @@ def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
 
 def test_the_packages_import_from_the_fresh_venv_with_their_data(installed):
     found = _python(installed, f"""
-import json, os, {AIRFLOW_PACKAGE}, rayml
+import json, os, {AIRFLOW_PACKAGE}, airflow_ray_ml_stages
 from importlib.resources import files
 from {AIRFLOW_PACKAGE}.plugins.ray_ml import _TEMPLATES
 _TEMPLATES.get_template("ray_ml.html")
-script = files("rayml") / "haproxy_loopback.sh"
-print(json.dumps({{"files": [{AIRFLOW_PACKAGE}.__file__, rayml.__file__],
-                  "typed": [(files(p) / "py.typed").is_file() for p in ("{AIRFLOW_PACKAGE}", "rayml")],
+script = files("airflow_ray_ml_stages") / "haproxy_loopback.sh"
+print(json.dumps({{"files": [{AIRFLOW_PACKAGE}.__file__, airflow_ray_ml_stages.__file__],
+                  "typed": [(files(p) / "py.typed").is_file() for p in ("{AIRFLOW_PACKAGE}", "airflow_ray_ml_stages")],
                   "script_executable": os.access(script, os.X_OK)}}))
 """)
     site = str(installed["venv"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rayml import wine
+from airflow_ray_ml_stages import wine
 
 
 def write_splits(directory: str | Path, rows: int = 6497, seed: int = 7, fractions=(0.7, 0.15)) -> dict:
@@ -55,8 +55,8 @@ def write_preprocessed(directory: str | Path, rows: int = 3000, seed: int = 7, s
                        fractions=(0.7, 0.15)) -> dict:
     """Splits as the preprocess stage writes them (its Preprocessor, its column names), plus every
     scaler's variant; return the preprocess manifest's fields (``split_uris``, ``preprocessor_variants``...)."""
-    from rayml.preprocessor import Moments, Preprocessor
-    from rayml.specs import SCALERS
+    from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor
+    from airflow_ray_ml_stages.specs import SCALERS
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

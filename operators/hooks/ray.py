@@ -20,9 +20,9 @@ from urllib.parse import quote, urlsplit
 import httpx
 import requests
 
-from operators.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
-from operators.job_status import RayJobStatus
-from rayml.constants import DEFAULT_ARTIFACT_ROOT_ENV
+from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
+from airflow_ray_ml.job_status import RayJobStatus
+from airflow_ray_ml_stages.constants import DEFAULT_ARTIFACT_ROOT_ENV
 
 try:
     from airflow.sdk import BaseHook

@@ -9,7 +9,7 @@ shows through an external view. It reads
   ``RayServeDeployOperator`` writes), the model card's test metrics, replicas and endpoint;
 - the last Tune run from Airflow's metadata database: the newest ``return_value`` XCom of a
   successful task that has a ``leaderboard_json_uri`` (the RayTune operator's XCom), then the
-  leaderboard JSON and plot it points at, through ``rayml.artifacts`` (local, s3://, gs://).
+  leaderboard JSON and plot it points at, through ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://).
 
 Whatever cannot be read (Ray down, no Tune run yet, a missing file) becomes a sentence on the page;
 the page itself always renders. Everything shown is escaped by the template (autoescape).
@@ -31,8 +31,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from airflow.plugins_manager import AirflowPlugin
 
-from operators.links.ray import RAY_JOB_XCOM_KEY
-from rayml import artifacts
+from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY
+from airflow_ray_ml_stages import artifacts
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def _served_app(name: str, app: dict[str, Any], serve_url: str, dashboard_url: s
 
 def load_serve(data: PageData) -> None:
     """Fill in the served applications, or the reason they cannot be shown."""
-    from operators.hooks.ray import RayHook
+    from airflow_ray_ml.hooks.ray import RayHook
 
     public_dashboard, public_serve = public_urls()
     try:
@@ -372,7 +372,7 @@ class RayMLPlugin(AirflowPlugin):
     """Mounts the page at ``/ray-ml`` in the api-server and adds "Ray ML" to the UI's navigation.
 
     The task-level links (Ray job, Serve endpoint, Ray Serve) are not registered here: the provider
-    entry point (``operators.get_provider_info``, "extra-links") registers them wherever the
+    entry point (``airflow_ray_ml.get_provider_info``, "extra-links") registers them wherever the
     project is installed, and registering them twice would show each link twice.
     """
 

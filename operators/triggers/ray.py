@@ -8,10 +8,10 @@ from typing import Any, AsyncIterator
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from operators.errors import RayClusterUnreachableError
-from operators.job_status import RayJobStatus
+from airflow_ray_ml.errors import RayClusterUnreachableError
+from airflow_ray_ml.job_status import RayJobStatus
 
-_CLASSPATH = "operators.triggers.ray.RayJobTrigger"
+_CLASSPATH = "airflow_ray_ml.triggers.ray.RayJobTrigger"
 # on_kill() must finish within the triggerer's [triggerer] on_kill_timeout (30 s by default).
 STOP_TIMEOUT_S = 20.0
 
@@ -54,7 +54,7 @@ class RayJobTrigger(BaseTrigger):
         }
 
     def _hook(self):
-        from operators.hooks.ray import RayHook
+        from airflow_ray_ml.hooks.ray import RayHook
 
         return RayHook(self.ray_conn_id)
 

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
-from operators.ray_job import RayJobOperator
+from airflow_ray_ml.ray_job import RayJobOperator
 
 
 def _generate_dag(dag_id: str, rows: int, deferrable: bool = False) -> DAG:

@@ -6,8 +6,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from operators.ray_data import RayDataPreprocessOperator
-from operators.ray_job import RayJobOperator
+from airflow_ray_ml.ray_data import RayDataPreprocessOperator
+from airflow_ray_ml.ray_job import RayJobOperator
 
 with DAG(dag_id="data_preprocess", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as data_preprocess:
     demo_data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 800, "seed": 3},

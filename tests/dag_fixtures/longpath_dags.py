@@ -7,10 +7,10 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from operators.ray_data import RayDataPreprocessOperator
-from operators.ray_job import RayJobOperator
-from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator
+from airflow_ray_ml.ray_data import RayDataPreprocessOperator
+from airflow_ray_ml.ray_job import RayJobOperator
+from airflow_ray_ml.ray_serve import RayServeDeployOperator
+from airflow_ray_ml.ray_train import RayTrainOperator
 
 CONN_ID = "ray_longpath"
 

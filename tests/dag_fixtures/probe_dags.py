@@ -7,7 +7,7 @@ from datetime import datetime
 from airflow.sdk import DAG, task
 from airflow.providers.standard.operators.empty import EmptyOperator
 
-from operators.gpu_probe import GPUProbeOperator, branch_on_compute
+from airflow_ray_ml.gpu_probe import GPUProbeOperator, branch_on_compute
 
 START = datetime(2026, 1, 1)
 

@@ -6,10 +6,10 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from operators.ray_data import RayDataPreprocessOperator
-from operators.ray_job import RayJobOperator
-from operators.ray_score import RayBatchScoreOperator
-from operators.ray_train import RayTrainOperator
+from airflow_ray_ml.ray_data import RayDataPreprocessOperator
+from airflow_ray_ml.ray_job import RayJobOperator
+from airflow_ray_ml.ray_score import RayBatchScoreOperator
+from airflow_ray_ml.ray_train import RayTrainOperator
 
 START = datetime(2026, 1, 1)
 

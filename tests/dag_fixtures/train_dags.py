@@ -6,8 +6,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from operators.gpu_probe import GPUProbeOperator
-from operators.ray_train import RayTrainOperator
+from airflow_ray_ml.gpu_probe import GPUProbeOperator
+from airflow_ray_ml.ray_train import RayTrainOperator
 
 START = datetime(2026, 1, 1)
 # the splits as a preprocess task's XCom, and the config, from the run conf

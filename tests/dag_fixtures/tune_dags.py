@@ -6,8 +6,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from operators.ray_train import RayTrainOperator
-from operators.ray_tune import RayTuneOperator
+from airflow_ray_ml.ray_train import RayTrainOperator
+from airflow_ray_ml.ray_tune import RayTuneOperator
 
 START = datetime(2026, 1, 1)
 # Small on purpose (2 CPUs shared with other tests): 4 trials, half a CPU each, two at a time.

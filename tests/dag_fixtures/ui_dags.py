@@ -11,11 +11,11 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from operators.ray_data import RayDataPreprocessOperator
-from operators.ray_job import RayJobOperator
-from operators.ray_serve import RayServeDeployOperator
-from operators.ray_train import RayTrainOperator
-from operators.ray_tune import RayTuneOperator
+from airflow_ray_ml.ray_data import RayDataPreprocessOperator
+from airflow_ray_ml.ray_job import RayJobOperator
+from airflow_ray_ml.ray_serve import RayServeDeployOperator
+from airflow_ray_ml.ray_train import RayTrainOperator
+from airflow_ray_ml.ray_tune import RayTuneOperator
 
 START = datetime(2026, 1, 1)
 UI_APP = "wine-ui"

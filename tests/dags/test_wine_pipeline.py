@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import requests
 
-from rayml import artifacts
-from rayml.specs import ComputeSpec
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import ROOT, extra_cluster, load_dag
 from tests.operators.test_ray_job import _xcom
 
@@ -133,7 +133,7 @@ def test_a_champion_from_other_data_is_scored_live_on_the_new_test_split(airflow
 
 
 def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray_conn, monkeypatch, tmp_path):
-    from rayml.localcluster import free_port
+    from airflow_ray_ml_stages.localcluster import free_port
 
     with extra_cluster("ray_two_node", num_cpus=2) as cluster:
         cluster.add_node(num_cpus=2)

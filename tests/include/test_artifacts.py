@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from rayml import artifacts
-from rayml.errors import ArtifactError
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.errors import ArtifactError
 
 
 def test_run_dir_layout_is_root_dag_run_task(tmp_path):

@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayml import wine
-from rayml.data.split import assign_splits
-from rayml.errors import SpecError
-from rayml.preprocessor import Moments, Preprocessor, feature_affine
-from rayml.specs import PreprocessSpec
+from airflow_ray_ml_stages import wine
+from airflow_ray_ml_stages.data.split import assign_splits
+from airflow_ray_ml_stages.errors import SpecError
+from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor, feature_affine
+from airflow_ray_ml_stages.specs import PreprocessSpec
 from tests.conftest import ROOT
 
 SEED = 5
@@ -54,7 +54,7 @@ def test_split_assignment_same_rows_whatever_the_batching(frame):
 
 
 def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
-    from rayml.data.split import hash_columns, hash_key
+    from airflow_ray_ml_stages.data.split import hash_columns, hash_key
 
     texts = ["", "red", "white", "rosé", "x" * 7, "y" * 8, "z" * 9, "日本語", "a" * 100]
     texts += [f"value-{index}-{'q' * (index % 23)}" for index in range(60)]
@@ -68,7 +68,7 @@ def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
 
 
 def test_data_stage_module_imports_without_pandas():
-    code = "import sys, rayml.data.stage; assert 'pandas' not in sys.modules, 'rayml.data.stage imported pandas'"
+    code = "import sys, airflow_ray_ml_stages.data.stage; assert 'pandas' not in sys.modules, 'airflow_ray_ml_stages.data.stage imported pandas'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -76,8 +76,8 @@ def test_data_stage_module_imports_without_pandas():
 
 FRESH_RUN = """
 import json, sys
-from rayml.data.stage import run_preprocess
-from rayml.specs import PreprocessSpec
+from airflow_ray_ml_stages.data.stage import run_preprocess
+from airflow_ray_ml_stages.specs import PreprocessSpec
 outcomes = {}
 for name, fields in json.loads(sys.argv[1]).items():
     try:
@@ -107,7 +107,7 @@ def test_direct_engine_in_a_fresh_process_needs_neither_pandas_nor_pyarrow_compu
     assert outcomes["csv"] == "ok" and outcomes["csv imported"] == []
     assert "'alcohol' must be numeric" in outcomes["text"] and "twelve" in outcomes["text"]
     assert "pandas" in outcomes["text imported"]
-    from rayml.data.stage import run_preprocess
+    from airflow_ray_ml_stages.data.stage import run_preprocess
 
     here = run_preprocess(PreprocessSpec(**{**specs["csv"], "artifact_dir": str(tmp_path / "here")}))
     for split in ("train", "validation", "test"):
@@ -118,7 +118,7 @@ def test_direct_engine_in_a_fresh_process_needs_neither_pandas_nor_pyarrow_compu
 def test_dictionary_codes_unify_chunks_with_their_own_dictionaries():
     import pyarrow as pa
 
-    from rayml.data.batch import dictionary_codes
+    from airflow_ray_ml_stages.data.batch import dictionary_codes
 
     first = pa.DictionaryArray.from_arrays(pa.array([1, 0, None, 1], pa.int32()), pa.array(["red", "white"]))
     second = pa.DictionaryArray.from_arrays(pa.array([0, 1, 1], pa.int32()), pa.array(["white", "rosé"]))
@@ -129,7 +129,7 @@ def test_dictionary_codes_unify_chunks_with_their_own_dictionaries():
 
 
 def test_take_rows_equals_fancy_indexing_in_column_major_order():
-    from rayml.data.profile import take_rows
+    from airflow_ray_ml_stages.data.profile import take_rows
 
     numeric = np.asfortranarray(np.random.default_rng(3).normal(size=(500, 6)))
     mask = np.random.default_rng(4).random(500) < 0.3
@@ -216,11 +216,11 @@ def test_preprocess_spec_round_trips_and_takes_one_source_string():
 
 RUNNER = """
 import json, sys, traceback
-import ray, rayml, os
-ray.init(runtime_env={"py_modules": [os.path.dirname(rayml.__file__)]}, logging_level="WARNING",
+import ray, airflow_ray_ml_stages, os
+ray.init(runtime_env={"py_modules": [os.path.dirname(airflow_ray_ml_stages.__file__)]}, logging_level="WARNING",
          log_to_driver=False)
-from rayml.data.stage import run_preprocess
-from rayml.specs import PreprocessSpec
+from airflow_ray_ml_stages.data.stage import run_preprocess
+from airflow_ray_ml_stages.specs import PreprocessSpec
 outcomes = {}
 for name, fields in json.load(open(sys.argv[1])).items():
     try:
@@ -461,7 +461,7 @@ def test_preprocess_operator_in_dag_test_returns_manifest_as_xcom(airflow_db, ra
     assert "type=red" in manifest["feature_columns"]
     assert Preprocessor.load(manifest["preprocessor_uri"]).scaler == "standard"
     assert len(pd.read_parquet(manifest["split_uris"]["train"])) == manifest["rows"]["train"]
-    # The Ray Data engine inside a real job (``python -m rayml.data``): its tasks must unpickle on
+    # The Ray Data engine inside a real job (``python -m airflow_ray_ml_stages.data``): its tasks must unpickle on
     # the workers, and it writes what the direct engine writes.
     on_ray_data = _xcom(dag_run, "preprocess_ray_data")
     assert on_ray_data["status"] == "succeeded" and on_ray_data["rows"] == manifest["rows"]

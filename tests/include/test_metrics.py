@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayml.metrics import regression_metrics
+from airflow_ray_ml_stages.metrics import regression_metrics
 
 
 def test_regression_metrics_match_definitions():

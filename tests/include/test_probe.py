@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rayml.errors import SpecError
-from rayml.probe import NodeResources, cpu_headroom, plan_cpu, plan_gpu
-from rayml.specs import ComputeSpec
+from airflow_ray_ml_stages.errors import SpecError
+from airflow_ray_ml_stages.probe import NodeResources, cpu_headroom, plan_cpu, plan_gpu
+from airflow_ray_ml_stages.specs import ComputeSpec
 
 
 @pytest.mark.parametrize(("cpus", "headroom"), [(1, 0.5), (2, 1), (4, 1), (8, 2), (16, 4)])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rayml.errors import SpecError
-from rayml.specs import GenerateResult, GenerateSpec
+from airflow_ray_ml_stages.errors import SpecError
+from airflow_ray_ml_stages.specs import GenerateResult, GenerateSpec
 
 
 def test_spec_json_round_trip_keeps_every_field():
@@ -51,8 +51,8 @@ def test_spec_not_json_says_so():
 
 
 def test_generate_spec_rejects_a_path_as_file_name():
-    from rayml.errors import SpecError
-    from rayml.specs import GenerateSpec
+    from airflow_ray_ml_stages.errors import SpecError
+    from airflow_ray_ml_stages.specs import GenerateSpec
 
     assert GenerateSpec(artifact_dir="/tmp/x", name="new_wines", with_label=False).name == "new_wines"
     with pytest.raises(SpecError, match="GenerateSpec.name must be a plain file name"):

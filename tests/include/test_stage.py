@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from rayml import artifacts
-from rayml.constants import MANIFEST_LOG_MARKER
-from rayml.generate import main as generate_main
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import MANIFEST_LOG_MARKER
+from airflow_ray_ml_stages.generate import main as generate_main
 from tests.conftest import ROOT
 
-# This checkout's rayml, not whichever one the interpreter has installed (an editable install of another).
+# This checkout's airflow_ray_ml_stages, not whichever one the interpreter has installed (an editable install of another).
 CHECKOUT_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
 
 
@@ -48,10 +48,10 @@ def test_stage_runtime_error_writes_failed_manifest(tmp_path):
 
 
 def test_stage_runs_as_module_with_exit_code(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "rayml.generate", "--spec", _spec(tmp_path, rows=100)],
+    ok = subprocess.run([sys.executable, "-m", "airflow_ray_ml_stages.generate", "--spec", _spec(tmp_path, rows=100)],
                         capture_output=True, text=True, env=CHECKOUT_ENV)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = subprocess.run([sys.executable, "-m", "rayml.generate", "--spec", "not json"],
+    bad = subprocess.run([sys.executable, "-m", "airflow_ray_ml_stages.generate", "--spec", "not json"],
                          capture_output=True, text=True, env=CHECKOUT_ENV)
     assert bad.returncode == 1 and "not valid JSON" in bad.stdout
 
@@ -60,7 +60,7 @@ def test_stage_runs_as_module_with_exit_code(tmp_path):
                                               ("data", "PreprocessSpec"), ("train", "TrainSpec"),
                                               ("tune", "TuneSpec"), ("score", "ScoreSpec")])
 def test_every_stage_runs_as_python_dash_m(stage, spec_type):
-    """``python -m rayml.<stage>`` (what a Ray job runs) reaches that stage's entry point."""
-    done = subprocess.run([sys.executable, "-m", f"rayml.{stage}", "--spec", "not json"],
+    """``python -m airflow_ray_ml_stages.<stage>`` (what a Ray job runs) reaches that stage's entry point."""
+    done = subprocess.run([sys.executable, "-m", f"airflow_ray_ml_stages.{stage}", "--spec", "not json"],
                           capture_output=True, text=True, env=CHECKOUT_ENV, timeout=120)
     assert done.returncode == 1 and f"{spec_type} spec is not valid JSON" in done.stdout, done.stdout + done.stderr

@@ -9,9 +9,9 @@ import threading
 import pandas as pd
 import pytest
 
-from rayml import wine
-from rayml.errors import DataSourceError
-from rayml.tables import detect_delimiter, read_table, read_tables
+from airflow_ray_ml_stages import wine
+from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.tables import detect_delimiter, read_table, read_tables
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayml import artifacts
-from rayml.errors import ArtifactError, SpecError
-from rayml.metrics import regression_metrics
-from rayml.models import load_model
-from rayml.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
-from rayml.train.run_dir import run_name
-from rayml.train.sizing import plan_workers
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.errors import ArtifactError, SpecError
+from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.models import load_model
+from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
+from airflow_ray_ml_stages.train.run_dir import run_name
+from airflow_ray_ml_stages.train.sizing import plan_workers
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
         "test_uri": "/d/test.parquet", "feature_columns": ["x1", "x2", "x3"]}
@@ -95,7 +95,7 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     fields = write_splits(tmp_path / "splits", rows=1500, seed=3)
     # Over scale_out_min_rows with the default compute (one CPU worker): still in-process.
     spec = {**fields, "artifact_dir": str(tmp_path / "train"), "config": config, "scale_out_min_rows": 500}
-    code = ("import json, sys; from rayml.specs import TrainSpec; from rayml.train.stage import run_training; "
+    code = ("import json, sys; from airflow_ray_ml_stages.specs import TrainSpec; from airflow_ray_ml_stages.train.stage import run_training; "
             "result = run_training(TrainSpec.from_json(sys.argv[1])); "
             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'; "
             "print(json.dumps(result.to_dict()))")
@@ -138,7 +138,7 @@ def _card(family: str) -> dict:
 def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
     import torch
 
-    from rayml.models.mlp import MLPRegressor, model_config
+    from airflow_ray_ml_stages.models.mlp import MLPRegressor, model_config
 
     torch.manual_seed(0)
     module = MLPRegressor(3, [8, 4], dropout=0.2, label_offset=5.5).eval()

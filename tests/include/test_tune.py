@@ -8,13 +8,13 @@ import io
 import numpy as np
 import pytest
 
-from rayml import wine
-from rayml.errors import SpecError
-from rayml.preprocessor import Moments, Preprocessor, feature_affine
-from rayml.search_space import DEFAULT_SEARCH_SPACE, SearchSpace
-from rayml.specs import TuneSpec, resolve_train_config
-from rayml.train.splits import scaler_plan
-from rayml.tune import leaderboard_csv, plot_leaderboard, sort_rows
+from airflow_ray_ml_stages import wine
+from airflow_ray_ml_stages.errors import SpecError
+from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor, feature_affine
+from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, SearchSpace
+from airflow_ray_ml_stages.specs import TuneSpec, resolve_train_config
+from airflow_ray_ml_stages.train.splits import scaler_plan
+from airflow_ray_ml_stages.tune import leaderboard_csv, plot_leaderboard, sort_rows
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train", "validation_uri": "/d/validation",
         "feature_columns": ["x1", "x2"], "preprocessor_uri": "/d/p.json"}
@@ -157,7 +157,7 @@ def test_leaderboard_sorts_completed_then_early_stopped_then_failed():
 
 
 def test_default_search_space_narrows_to_the_chosen_families_and_sets_budgets():
-    from rayml.search_space import SearchSpace, default_search_space
+    from airflow_ray_ml_stages.search_space import SearchSpace, default_search_space
 
     space = default_search_space(["xgboost"], ["minmax", "standard"], max_epochs=3, num_boost_round=25)
     assert space["family"] == "xgboost" and "lightning" not in space

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rayml import wine
+from airflow_ray_ml_stages import wine
 
 
 @pytest.fixture(scope="module")

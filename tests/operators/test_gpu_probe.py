@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from operators.errors import GPUNotAvailableError
-from operators.gpu_probe import GPUProbeOperator, branch_on_compute
-from operators.hooks.ray import RayHook
-from rayml.specs import ComputeSpec
+from airflow_ray_ml.errors import GPUNotAvailableError
+from airflow_ray_ml.gpu_probe import GPUProbeOperator, branch_on_compute
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import extra_cluster, requires_cuda
 from tests.operators.test_ray_job import _run, _xcom
 

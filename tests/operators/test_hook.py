@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from operators.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
-from operators.hooks.ray import RayHook, normalise_dashboard_url, resolve_token
+from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
+from airflow_ray_ml.hooks.ray import RayHook, normalise_dashboard_url, resolve_token
 
 
 @pytest.mark.parametrize(
@@ -136,7 +136,7 @@ def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(ray_conn, t
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "job.py").write_text("print('hello')\n")
     script = (
-        "from operators.hooks.ray import RayHook\n"
+        "from airflow_ray_ml.hooks.ray import RayHook\n"
         "client = RayHook().get_job_client()\n"
         f"client.submit_job(entrypoint='python job.py', runtime_env={{'working_dir': {str(tmp_path / 'code')!r}}})\n"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.job_status import Action, RayJobStatus, attempt_id, base_submission_id, decide
+from airflow_ray_ml.job_status import Action, RayJobStatus, attempt_id, base_submission_id, decide
 
 BASE = base_submission_id("wine", "manual__2026-01-01T00:00:00+00:00", "train")
 

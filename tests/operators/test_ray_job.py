@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from operators.hooks.ray import RayHook
-from operators.job_status import RayJobStatus, base_submission_id
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.job_status import RayJobStatus, base_submission_id
 from tests.conftest import ROOT, load_dag
 
 pytestmark = pytest.mark.integration
@@ -115,6 +115,6 @@ def test_deferrable_mode_reaches_the_same_manifest_and_logs_the_job_while_deferr
     events = [record["event"] for record in records]
     paused = events.index("Pausing task as DEFERRED. ")
     while_deferred = events[paused:events.index("Task started", paused)]
-    assert any(e.startswith(f"[ray] Running entrypoint for job {base_id}: python -m rayml.generate") for e in while_deferred)
+    assert any(e.startswith(f"[ray] Running entrypoint for job {base_id}: python -m airflow_ray_ml_stages.generate") for e in while_deferred)
     manifest_lines = [e for e in events if e.startswith("[ray] RAYML_MANIFEST {")]
     assert len(manifest_lines) == 1 and manifest_lines[0] in while_deferred

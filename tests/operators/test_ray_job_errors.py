@@ -6,9 +6,9 @@ from datetime import datetime
 
 import pytest
 
-from operators.errors import RayOperatorError
-from operators.ray_job import RayJobOperator, manifest_from_log
-from rayml.constants import MANIFEST_LOG_MARKER
+from airflow_ray_ml.errors import RayOperatorError
+from airflow_ray_ml.ray_job import RayJobOperator, manifest_from_log
+from airflow_ray_ml_stages.constants import MANIFEST_LOG_MARKER
 
 
 def _operator(**kwargs) -> RayJobOperator:
@@ -41,7 +41,7 @@ def test_spec_gets_this_task_runs_artifact_dir(tmp_path):
 def test_runtime_env_ships_the_package_and_keeps_user_entries():
     operator = _operator(stage="generate", runtime_env={"env_vars": {"A": "1"}, "pip": ["x"]})
     env = operator.job_runtime_env()
-    assert env["py_modules"][0].endswith("rayml") and env["pip"] == ["x"]
+    assert env["py_modules"][0].endswith("airflow_ray_ml_stages") and env["pip"] == ["x"]
     assert env["env_vars"]["A"] == "1" and env["env_vars"]["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.1"
     assert "py_modules" not in _operator(stage="generate", ship_package=False).job_runtime_env()
 
@@ -49,7 +49,7 @@ def test_runtime_env_ships_the_package_and_keeps_user_entries():
 def test_entrypoint_quotes_the_spec_for_the_shell():
     operator = _operator(stage="generate")
     command = operator.entrypoint({"artifact_dir": "/tmp/it's here", "rows": 5})
-    assert command.startswith("python -m rayml.generate --spec '")
+    assert command.startswith("python -m airflow_ray_ml_stages.generate --spec '")
     import shlex
 
     assert shlex.split(command)[-1] == '{"artifact_dir": "/tmp/it\'s here", "rows": 5}'
@@ -65,8 +65,8 @@ def test_manifest_from_log_takes_the_last_marked_line():
 def test_failing_stage_fails_the_task_with_the_jobs_reason(airflow_db, ray_conn):
     from tests.conftest import load_dag
     from tests.operators.test_ray_job import LOGICAL_DATE, _jobs_of
-    from operators.hooks.ray import RayHook
-    from operators.job_status import base_submission_id
+    from airflow_ray_ml.hooks.ray import RayHook
+    from airflow_ray_ml.job_status import base_submission_id
 
     dag_run = load_dag("core_crashing_job").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
     assert dag_run.state == "failed"
@@ -84,11 +84,11 @@ def test_unknown_stage_is_refused_before_any_job(tmp_path):
 def test_stage_injected_through_run_conf_is_refused_before_any_job(airflow_db, ray_conn, tmp_path):
     from tests.conftest import load_dag
     from tests.operators.test_ray_job import LOGICAL_DATE, _jobs_of
-    from operators.hooks.ray import RayHook
-    from operators.job_status import base_submission_id
+    from airflow_ray_ml.hooks.ray import RayHook
+    from airflow_ray_ml.job_status import base_submission_id
 
     marker = tmp_path / "injected"
-    conf = {"stage": f"generate --spec '{{}}'; touch {marker}; python -m rayml.generate"}
+    conf = {"stage": f"generate --spec '{{}}'; touch {marker}; python -m airflow_ray_ml_stages.generate"}
     dag_run = load_dag("core_stage_from_conf").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE, run_conf=conf)
     (ti,) = dag_run.get_task_instances()
     assert dag_run.state == "failed" and ti.state == "failed"  # at once: it has retries it did not use

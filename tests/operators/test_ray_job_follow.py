@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from operators.errors import RayJobTimeoutError
-from operators.hooks.ray import RayHook
-from operators.job_status import RayJobStatus
-from operators.ray_job import RayJobOperator
+from airflow_ray_ml.errors import RayJobTimeoutError
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.job_status import RayJobStatus
+from airflow_ray_ml.ray_job import RayJobOperator
 from tests.conftest import ROOT
 from tests.operators.triggers.test_ray import TICKING, _wait_for_status
 
@@ -34,7 +34,7 @@ def _context() -> dict:
 
 @pytest.mark.parametrize("setting", ["True", "False"])
 def test_deferrable_defaults_to_airflows_default_deferrable(setting):
-    code = "from operators.ray_job import RayJobOperator; print(RayJobOperator(task_id='t', stage='generate').deferrable)"
+    code = "from airflow_ray_ml.ray_job import RayJobOperator; print(RayJobOperator(task_id='t', stage='generate').deferrable)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
         env={**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": setting,

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayml import artifacts
-from rayml.score import default_output
-from rayml.serve import LoadedModel
-from rayml.tables import read_tables
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.score import default_output
+from airflow_ray_ml_stages.serve import LoadedModel
+from airflow_ray_ml_stages.tables import read_tables
 from tests.conftest import load_dag
 from tests.operators.test_ray_job import _xcom
 
@@ -37,7 +37,7 @@ def trained(airflow_db, ray_conn):
 
 def _error(dag_run) -> str:
     """The failed stage's reason, from the manifest it left in its artifact directory."""
-    from operators.hooks.ray import RayHook
+    from airflow_ray_ml.hooks.ray import RayHook
 
     task_dir = artifacts.run_dir(RayHook().artifact_root, dag_run.dag_id, dag_run.run_id, "score")
     return artifacts.read_json(artifacts.manifest_uri(task_dir))["error"]

@@ -12,9 +12,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import requests
 
-from operators.hooks.ray import RayHook
-from operators.ray_serve import APP_IMPORT_PATH, gate
-from rayml import artifacts
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.ray_serve import APP_IMPORT_PATH, gate
+from airflow_ray_ml_stages import artifacts
 from tests.conftest import load_dag
 from tests.operators.test_ray_job import _xcom
 
@@ -33,7 +33,7 @@ def _deploy(dag_id: str, **conf):
 
 
 def test_app_import_path_matches_the_ray_side():
-    from rayml import serve
+    from airflow_ray_ml_stages import serve
 
     assert APP_IMPORT_PATH == serve.APP_IMPORT_PATH
 
@@ -223,8 +223,8 @@ def test_serve_binds_to_loopback_only(models, ray_conn):
     listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
     assert listening == {"127.0.0.1"}
-    # HAProxy's own stats and metrics listeners too (rayml/haproxy_loopback.sh rewrites their binds)
-    from rayml.localcluster import session_pids
+    # HAProxy's own stats and metrics listeners too (airflow_ray_ml_stages/haproxy_loopback.sh rewrites their binds)
+    from airflow_ray_ml_stages.localcluster import session_pids
 
     cluster = ray_conn
     haproxy = [pid for pid in session_pids(cluster.leader_pids[0]) if psutil.Process(pid).name() == "haproxy"]

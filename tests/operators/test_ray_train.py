@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from operators.errors import RayOperatorError
-from operators.ray_train import RayTrainOperator
-from rayml.models import load_model
-from rayml.specs import ComputeSpec
+from airflow_ray_ml.errors import RayOperatorError
+from airflow_ray_ml.ray_train import RayTrainOperator
+from airflow_ray_ml_stages.models import load_model
+from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import extra_cluster, load_dag, requires_cuda
 from tests.operators.test_ray_job import _xcom
 from tests.train_data import as_preprocess_xcom, load_split, write_splits

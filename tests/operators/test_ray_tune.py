@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from operators.errors import RayOperatorError
-from operators.ray_tune import RayTuneOperator
-from rayml import artifacts
-from rayml.models import load_model
+from airflow_ray_ml.errors import RayOperatorError
+from airflow_ray_ml.ray_tune import RayTuneOperator
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.models import load_model
 from tests.conftest import load_dag
 from tests.operators.test_ray_job import _xcom
 from tests.train_data import load_split, write_preprocessed

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from operators.plugins import ray_ml
+from airflow_ray_ml.plugins import ray_ml
 from tests.conftest import ROOT, load_dag
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -47,15 +47,15 @@ def test_plugin_registers_the_page_and_a_nav_view_and_no_duplicate_links():
     # The task links come from the provider entry point; the plugin must not add them again.
     assert plugin["operator_extra_links"] == [] and plugin["global_operator_extra_links"] == []
     provider_links = set(ProvidersManager().extra_links_class_names)
-    assert {"operators.links.ray.RayJobLink", "operators.links.ray.RayServeEndpointLink",
-            "operators.links.ray.RayServeDashboardLink"} <= provider_links
+    assert {"airflow_ray_ml.links.ray.RayJobLink", "airflow_ray_ml.links.ray.RayServeEndpointLink",
+            "airflow_ray_ml.links.ray.RayServeDashboardLink"} <= provider_links
 
 
 # -- rendering without Ray or a Tune run ----------------------------------------------------------
 
 
 def test_page_renders_notices_when_ray_is_unreachable(monkeypatch):
-    from rayml.localcluster import free_port
+    from airflow_ray_ml_stages.localcluster import free_port
 
     monkeypatch.setenv("AIRFLOW_CONN_RAY_UI_DOWN", json.dumps(
         {"conn_type": "ray", "extra": {"dashboard_url": f"http://127.0.0.1:{free_port()}"}}))
@@ -139,7 +139,7 @@ def served_and_tuned(airflow_db, ray_conn, tmp_path_factory):
 @pytest.fixture(scope="module")
 def api_server(served_and_tuned, tmp_path_factory):
     """Airflow's api-server app (with every plugin) under uvicorn on a free loopback port."""
-    from rayml.localcluster import free_port
+    from airflow_ray_ml_stages.localcluster import free_port
 
     port = free_port()
     env = {**os.environ,

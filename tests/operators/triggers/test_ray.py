@@ -12,15 +12,15 @@ import time
 
 import pytest
 
-from operators.hooks.ray import RayHook
-from operators.job_status import RayJobStatus
-from operators.triggers.ray import RayJobTrigger
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.job_status import RayJobStatus
+from airflow_ray_ml.triggers.ray import RayJobTrigger
 
 
 def test_serialize_is_classpath_and_primitives():
     trigger = RayJobTrigger(submission_id="job-1", ray_conn_id="ray_x", poll_interval_s=0.5, max_unreachable_s=9)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "operators.triggers.ray.RayJobTrigger"
+    assert classpath == "airflow_ray_ml.triggers.ray.RayJobTrigger"
     assert kwargs == {"submission_id": "job-1", "ray_conn_id": "ray_x", "poll_interval_s": 0.5,
                       "max_unreachable_s": 9}
     assert json.loads(json.dumps(kwargs)) == kwargs

@@ -1,0 +1,115 @@
+"""Artifact storage on ``pyarrow.fs``: local paths, ``file://``, ``s3://`` and ``gs://`` alike.
+
+Layout (docs/design.md): ``<root>/<dag_id>/<run_id>/<task_id>[.<map_index>]/`` holds one task run's
+outputs and its ``manifest.json``. Run ids are kept readable but made safe as path segments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from typing import Any
+
+from pyarrow import fs as pafs
+
+from airflow_ray_ml_stages.constants import MANIFEST_NAME
+from airflow_ray_ml_stages.errors import ArtifactError
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]+")
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def safe_segment(value: str) -> str:
+    """Turn an id (dag, run, task) into one path segment that every store accepts."""
+    segment = _UNSAFE.sub("_", str(value)).strip("._")
+    if not segment:
+        raise ArtifactError(f"cannot build a path segment from {value!r}")
+    return segment
+
+
+def is_remote(uri: str) -> bool:
+    return bool(_SCHEME.match(uri)) and not uri.startswith("file://")
+
+
+def join(uri: str, *parts: str) -> str:
+    """Join path parts onto a URI or local path with ``/``."""
+    base = uri.rstrip("/")
+    for part in parts:
+        base = f"{base}/{str(part).strip('/')}"
+    return base
+
+
+def run_dir(root: str, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """Return the artifact directory of one task run."""
+    task = safe_segment(task_id) if map_index < 0 else f"{safe_segment(task_id)}.{map_index}"
+    return join(root, safe_segment(dag_id), safe_segment(run_id), task)
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """Return the filesystem and the path inside it for a URI or a local path."""
+    if uri.startswith("file://"):
+        return pafs.LocalFileSystem(), os.path.abspath(uri[len("file://") :])
+    if not _SCHEME.match(uri):
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as err:  # pyarrow raises several types for unsupported or unreachable stores
+        raise ArtifactError(
+            f"cannot open artifact store {uri!r}: {err}. Use a local path, file://, s3:// or gs://"
+        ) from err
+
+
+def makedirs(uri: str) -> None:
+    filesystem, path = resolve(uri)
+    filesystem.create_dir(path, recursive=True)
+
+
+def exists(uri: str) -> bool:
+    filesystem, path = resolve(uri)
+    return filesystem.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def write_bytes_atomic(uri: str, data: bytes) -> None:
+    """Write ``data`` so a reader sees either the old content or the new, never a torn file.
+
+    Local files are written beside the target and renamed over it (atomic on POSIX). Object stores
+    publish a single PUT atomically already, so they are written directly.
+    """
+    filesystem, path = resolve(uri)
+    parent = path.rsplit("/", 1)[0]
+    filesystem.create_dir(parent, recursive=True)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+        with filesystem.open_output_stream(temporary) as stream:
+            stream.write(data)
+        os.replace(temporary, path)
+        return
+    with filesystem.open_output_stream(path) as stream:
+        stream.write(data)
+
+
+def write_json_atomic(uri: str, payload: Any) -> None:
+    write_bytes_atomic(uri, json.dumps(payload, indent=2, sort_keys=True).encode("utf-8"))
+
+
+def read_bytes(uri: str) -> bytes:
+    filesystem, path = resolve(uri)
+    try:
+        with filesystem.open_input_stream(path) as stream:
+            return stream.read()
+    except FileNotFoundError as err:
+        raise ArtifactError(f"artifact {uri!r} does not exist") from err
+
+
+def read_json(uri: str) -> Any:
+    data = read_bytes(uri)
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as err:
+        raise ArtifactError(f"artifact {uri!r} is not valid JSON: {err}") from err
+
+
+def manifest_uri(artifact_dir: str) -> str:
+    return join(artifact_dir, MANIFEST_NAME)

@@ -1,0 +1,269 @@
+"""One batch in canonical types: what every per-batch step (check, summarise, transform) works on.
+
+:class:`Batch` holds a batch's numeric columns as one float64 matrix and its categorical columns
+as codes into their values, built from a pyarrow table (both engines) or a pandas frame (the slow
+path for unusual column types); :class:`BatchContext` is what the per-batch functions need, shipped
+as JSON-able fields to Ray tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
+from airflow_ray_ml_stages.data.schema import NULL_TOKENS, ColumnPlan
+from airflow_ray_ml_stages.data.sources import SAMPLE_ROWS
+from airflow_ray_ml_stages.data.split import hash_columns, split_of_hashes
+
+
+PATH_COLUMN = "path"
+
+
+@dataclass
+class BatchContext:
+    """What every batch function needs, as JSON-able fields shipped to the Ray tasks."""
+
+    numeric: list[str]
+    categorical: list[str]
+    label: str
+    split: list[float]
+    seed: int
+    nan_policy: str
+    label_range: list[float] | None
+    sources: dict[str, str]  # the path Ray reports -> the source URI
+    derived: dict[str, dict[str, str]]  # source URI -> {column: value}
+
+    @property
+    def plan(self) -> ColumnPlan:
+        return ColumnPlan(self.numeric, self.categorical, self.label)
+
+    def source_of(self, path: str) -> str:
+        if path in self.sources:
+            return self.sources[path]
+        for known, uri in self.sources.items():  # stores differ in how they report paths
+            if known.endswith(path) or path.endswith(known.split("://", 1)[-1]):
+                return uri
+        return path
+
+
+def _codes_numpy(indices) -> np.ndarray:
+    """A dictionary array's indices as int32 numpy codes, -1 where missing (without pyarrow.compute)."""
+    if not indices.null_count:
+        return indices.to_numpy(zero_copy_only=False).astype("int32", copy=False)
+    found = indices.to_numpy(zero_copy_only=False)  # float64, NaN where missing
+    return np.where(np.isnan(found), -1, found).astype("int32")
+
+
+def joined(parts: list[np.ndarray], dtype: str) -> np.ndarray:
+    """Per-chunk arrays as one array (no copy for a single chunk)."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def float_numpy(column) -> np.ndarray:
+    """A float64 chunked column as one numpy array, NaN where missing."""
+    return joined([chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks], "float64")
+
+
+def dictionary_codes(column) -> tuple[np.ndarray, list]:
+    """Codes (-1: missing) into the distinct values of a dictionary<string> column, chunks unified.
+
+    The CSV reader dictionary-encodes categorical columns itself; reading its codes here saves
+    pyarrow.compute (``dictionary_encode``, ``fill_null``), whose import alone costs ~40 ms.
+    """
+    position: dict[str, int] = {}
+    parts = []
+    for chunk in column.chunks:
+        lookup = np.array([position.setdefault(value, len(position)) for value in chunk.dictionary.to_pylist()]
+                          + [-1], dtype="int32")
+        parts.append(lookup[_codes_numpy(chunk.indices)])  # -1 (missing) picks the trailing -1
+    return joined(parts, "int32"), list(position)
+
+
+@dataclass
+class Batch:
+    """One batch in canonical types, as arrays (what every per-batch step works on).
+
+    :param numeric: float64 matrix, rows x (numeric columns, then the label); missing values NaN.
+    :param codes: per categorical column, each row's index into ``values[column]`` (-1: missing).
+    :param values: per categorical column, its distinct string values in this batch.
+    :param source_codes: each row's index into ``sources`` (the source URIs).
+    :param non_numeric: findings of non-numeric values in numeric columns (the slow pandas path).
+    :param raw: per numeric column with non-numeric values, the raw text (for the error's samples).
+    """
+
+    numeric: np.ndarray
+    codes: dict[str, np.ndarray]
+    values: dict[str, list]
+    source_codes: np.ndarray
+    sources: list[str]
+    non_numeric: dict[str, dict] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.numeric.shape[0]
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame, uris, ctx: "BatchContext", non_numeric: dict | None = None) -> "Batch":
+        """From a pandas frame of the used columns in canonical types (see :func:`normalise`)."""
+        pd = import_pandas()
+
+        numeric = np.asfortranarray(frame[[*ctx.numeric, ctx.label]].to_numpy(dtype="float64"))
+        codes, values = {}, {}
+        for column in ctx.categorical:
+            found, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
+            codes[column], values[column] = found, [str(v) for v in uniques]
+        source_codes, sources = pd.factorize(np.asarray(uris, dtype=object))
+        return cls(numeric, codes, values, source_codes, list(sources), dict(non_numeric or {}))
+
+    @classmethod
+    def from_arrow(cls, table, ctx: "BatchContext", path: str | None = None) -> "Batch":
+        """From a pyarrow batch; falls back to the pandas path for unusual column types.
+
+        :param path: the file every row came from, where the table has no ``path`` column (the
+            direct engine reads one file at a time; Ray Data adds the column).
+        """
+        import pyarrow as pa
+
+        def plain_numeric(kind) -> bool:
+            return (pa.types.is_floating(kind) or pa.types.is_integer(kind)) and not pa.types.is_boolean(kind)
+
+        def plain_string(kind) -> bool:
+            if pa.types.is_dictionary(kind):
+                kind = kind.value_type
+            return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+        numeric_ok = all(c in table.column_names and plain_numeric(table.schema.field(c).type)
+                         for c in [*ctx.numeric, ctx.label])
+        strings_ok = all(plain_string(table.schema.field(c).type) for c in ctx.categorical if c in table.column_names)
+        rows = table.num_rows
+        if not (numeric_ok and strings_ok):
+            if path is not None and PATH_COLUMN not in table.column_names:
+                table = table.append_column(PATH_COLUMN, pa.array([path] * rows, pa.string()))
+            import_pandas()
+            frame, uris, non_numeric = normalise(table.to_pandas(), ctx)
+            return cls.from_frame(frame, uris, ctx, non_numeric)
+        if path is not None:
+            source_codes, sources = np.zeros(rows, dtype="int32"), [ctx.source_of(path)]
+        elif PATH_COLUMN in table.column_names:
+            paths = table[PATH_COLUMN].combine_chunks().dictionary_encode()
+            source_codes = paths.indices.to_numpy(zero_copy_only=False).astype("int32", copy=False)
+            sources = [ctx.source_of(str(p)) for p in paths.dictionary.to_pylist()]
+        else:
+            source_codes, sources = np.zeros(rows, dtype="int32"), [""]
+        numeric = np.empty((rows, len(ctx.numeric) + 1), dtype="float64", order="F")  # columns contiguous
+        for index, column in enumerate([*ctx.numeric, ctx.label]):
+            found = table[column]
+            numeric[:, index] = float_numpy(found if found.type == pa.float64() else found.cast(pa.float64()))
+        codes, values = {}, {}
+        for column in ctx.categorical:
+            if column in table.column_names:
+                found = table[column]
+                if not pa.types.is_dictionary(found.type):
+                    found = pa.chunked_array([found.combine_chunks().dictionary_encode()])
+                codes[column], values[column] = dictionary_codes(found)
+            else:  # derived from the file name
+                per_source = [ctx.derived.get(uri, {}).get(column) for uri in sources]
+                distinct = sorted({v for v in per_source if v is not None})
+                lookup = np.array([distinct.index(v) if v is not None else -1 for v in per_source] + [-1], dtype="int32")
+                codes[column], values[column] = lookup[source_codes], distinct
+        return cls(numeric, codes, values, source_codes, sources)
+
+    def uri(self, row: int) -> str:
+        return self.sources[self.source_codes[row]]
+
+    def record(self, row: int, ctx: "BatchContext") -> dict[str, Any]:
+        """One row as the used columns in canonical types, in ``ctx.plan.used`` order."""
+        out: dict[str, Any] = {}
+        for index, column in enumerate(ctx.numeric):
+            out[column] = self.numeric[row, index]
+        for column in ctx.categorical:
+            code = self.codes[column][row]
+            out[column] = None if code < 0 else self.values[column][code]
+        out[ctx.label] = self.numeric[row, -1]
+        return out
+
+    def finding(self, mask: np.ndarray, ctx: "BatchContext") -> dict[str, Any]:
+        """Count of the rows in ``mask`` per file, with a few of them as records."""
+        indexes = np.flatnonzero(mask)
+        per_source = np.bincount(self.source_codes[indexes], minlength=len(self.sources))
+        files: dict[str, int] = {}
+        for code in np.flatnonzero(per_source):
+            files[self.sources[code]] = files.get(self.sources[code], 0) + int(per_source[code])
+        samples = [{"file": self.uri(i), **{k: _jsonable(v) for k, v in self.record(i, ctx).items()}}
+                   for i in indexes[:SAMPLE_ROWS]]
+        return {"count": int(len(indexes)), "files": files, "samples": samples}
+
+    def splits(self, keep: np.ndarray, ctx: "BatchContext") -> np.ndarray:
+        """Split index of each kept row (the same hash as :func:`assign_splits` on a pandas frame)."""
+        if not keep.any():
+            return np.zeros(0, dtype="int8")
+        positions = {column: index for index, column in enumerate(ctx.numeric)}
+        positions[ctx.label] = len(ctx.numeric)
+        every = bool(keep.all())
+        canonical = {}
+        for column in ctx.plan.hashed:
+            if column in positions:
+                values = self.numeric[:, positions[column]]
+                canonical[column] = values if every else values[keep]
+            else:
+                codes = self.codes[column] if every else self.codes[column][keep]
+                canonical[column] = (codes, self.values[column])
+        return split_of_hashes(hash_columns(list(canonical.values()), ctx.seed), ctx.split)
+
+
+def normalise(batch: pd.DataFrame, ctx: BatchContext) -> tuple[pd.DataFrame, list[str], dict[str, dict]]:
+    """Return the used columns in canonical types, each row's source URI, and non-numeric findings.
+
+    Numeric columns become float64 (non-numeric strings, possible in Parquet, become NaN and are
+    reported); categorical columns become Python strings (missing: None).
+    """
+    pd = import_pandas()
+
+    paths = batch[PATH_COLUMN].astype(str) if PATH_COLUMN in batch.columns else pd.Series([""] * len(batch))
+    uris = paths.map({p: ctx.source_of(p) for p in paths.unique()}).to_numpy(dtype=object)
+    frame = pd.DataFrame(index=pd.RangeIndex(len(batch)))
+    non_numeric: dict[str, dict] = {}
+    for column in ctx.plan.used:
+        if column in batch.columns:
+            values = batch[column].reset_index(drop=True)
+        else:  # derived from the file name
+            values = pd.Series([ctx.derived.get(uri, {}).get(column) for uri in uris], dtype=object)
+        if column in ctx.categorical:
+            raw = values.astype(object)
+            frame[column] = raw.where(raw.notna(), None).map(lambda v: v if v is None else str(v))
+            continue
+        if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+            frame[column] = values.to_numpy(dtype="float64", na_value=np.nan)
+            continue
+        text = values.astype(object)
+        numbers = pd.to_numeric(text, errors="coerce")
+        bad = numbers.isna().to_numpy() & text.notna().to_numpy() & ~text.astype(str).str.strip().isin(NULL_TOKENS).to_numpy()
+        if bad.any():
+            non_numeric[column] = _finding(frame.assign(**{column: text}), uris, bad)
+        frame[column] = numbers.to_numpy(dtype="float64", na_value=np.nan)
+    return frame, list(uris), non_numeric
+
+
+def _finding(frame: pd.DataFrame, uris, mask: np.ndarray) -> dict[str, Any]:
+    """Count of the rows in ``mask`` per file, with a few of them as records."""
+    indexes = np.flatnonzero(mask)
+    files: dict[str, int] = {}
+    for index in indexes:
+        files[uris[index]] = files.get(uris[index], 0) + 1
+    samples = [{"file": uris[i], **{k: _jsonable(v) for k, v in frame.iloc[i].items()}} for i in indexes[:SAMPLE_ROWS]]
+    return {"count": int(len(indexes)), "files": files, "samples": samples}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if np.isfinite(value) else str(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    return value if isinstance(value, (str, int, bool)) else str(value)

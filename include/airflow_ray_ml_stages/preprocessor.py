@@ -1,0 +1,273 @@
+"""The fitted preprocessor: one-hot encoding and scaling, saved as JSON, applied with plain numpy.
+
+The ``data`` stage fits it on the training split only (from :class:`Moments` merged across Ray
+Data batches) and writes it as JSON: column lists, categories and statistics, nothing executable,
+so loading it needs no pickle. :meth:`Preprocessor.transform_arrays` is the one code path that
+turns a batch into model inputs: the stage calls it on numpy arrays when it writes the splits, and
+:meth:`Preprocessor.transform` (pandas, what serving uses) calls it too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages.errors import DataSourceError, SpecError
+
+FORMAT = "rayml.preprocessor/1"
+ONE_HOT_SEPARATOR = "="
+
+
+@dataclass
+class Moments:
+    """Count, mean, sum of squared deviations, min and max of several columns, mergeable.
+
+    Merging uses Chan et al.'s pairwise update, which stays accurate where ``sum(x**2)`` would not.
+    """
+
+    count: int
+    mean: np.ndarray
+    m2: np.ndarray
+    minimum: np.ndarray
+    maximum: np.ndarray
+
+    @classmethod
+    def empty(cls, width: int) -> "Moments":
+        return cls(0, np.zeros(width), np.zeros(width), np.full(width, np.inf), np.full(width, -np.inf))
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "Moments":
+        """Moments of a 2-D array (rows x columns) of finite floats."""
+        if values.shape[0] == 0:
+            return cls.empty(values.shape[1])
+        mean = values.mean(axis=0)
+        return cls(int(values.shape[0]), mean, ((values - mean) ** 2).sum(axis=0),
+                   values.min(axis=0), values.max(axis=0))
+
+    def merge(self, other: "Moments") -> "Moments":
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.count / count)
+        m2 = self.m2 + other.m2 + delta**2 * (self.count * other.count / count)
+        return Moments(count, mean, m2, np.minimum(self.minimum, other.minimum),
+                       np.maximum(self.maximum, other.maximum))
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviation (ddof=0), as scikit-learn's and Ray Data's scalers use."""
+        return np.sqrt(self.m2 / self.count) if self.count else np.full(self.mean.shape, np.nan)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(),
+                "minimum": self.minimum.tolist(), "maximum": self.maximum.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Moments":
+        return cls(int(data["count"]), *(np.asarray(data[key], dtype="float64")
+                                         for key in ("mean", "m2", "minimum", "maximum")))
+
+
+
+@dataclass
+class Preprocessor:
+    """Numeric scaling and one-hot encoding, fitted on the training split.
+
+    :param scaler: ``standard`` (``(x - mean) / std``), ``minmax`` (``(x - min) / (max - min)``)
+        or ``none``. A constant column (std or range 0) is only centred/shifted, never divided by 0.
+    :param numeric_columns: input columns scaled, in output order.
+    :param categories: per categorical column, its training categories in output order; a value
+        not seen in training encodes as all zeros.
+    :param statistics: per numeric column ``{"mean", "std"}`` or ``{"min", "max"}``.
+    :param label_column: the label, kept out of the features.
+    """
+
+    scaler: str
+    numeric_columns: list[str]
+    categories: dict[str, list[str]] = field(default_factory=dict)
+    statistics: dict[str, dict[str, float]] = field(default_factory=dict)
+    label_column: str = ""
+
+    @classmethod
+    def fit(cls, scaler: str, numeric_columns: list[str], moments: Moments,
+            categories: dict[str, list[str]], label_column: str) -> "Preprocessor":
+        """Build the preprocessor from the training split's moments and categories."""
+        statistics: dict[str, dict[str, float]] = {}
+        if scaler == "standard":
+            for index, column in enumerate(numeric_columns):
+                statistics[column] = {"mean": float(moments.mean[index]), "std": float(moments.std[index])}
+        elif scaler == "minmax":
+            for index, column in enumerate(numeric_columns):
+                statistics[column] = {"min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
+        return cls(scaler, list(numeric_columns), {k: list(v) for k, v in categories.items()}, statistics, label_column)
+
+    @property
+    def input_columns(self) -> list[str]:
+        return [*self.numeric_columns, *self.categories]
+
+    @property
+    def output_columns(self) -> list[str]:
+        one_hot = [f"{column}{ONE_HOT_SEPARATOR}{value}" for column, values in self.categories.items() for value in values]
+        return [*self.numeric_columns, *one_hot]
+
+    def _scale_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per numeric column: subtract the first array, divide by the second."""
+        width = len(self.numeric_columns)
+        if self.scaler == "none":
+            return np.zeros(width), np.ones(width)
+        if self.scaler == "standard":
+            shift = np.array([self.statistics[c]["mean"] for c in self.numeric_columns], dtype="float64")
+            scale = np.array([self.statistics[c]["std"] for c in self.numeric_columns], dtype="float64")
+        else:
+            shift = np.array([self.statistics[c]["min"] for c in self.numeric_columns], dtype="float64")
+            scale = np.array([self.statistics[c]["max"] - self.statistics[c]["min"] for c in self.numeric_columns],
+                             dtype="float64")
+        return shift, np.where(scale > 0, scale, 1.0)
+
+    def transform(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Return the model inputs for ``frame`` (raw columns) as float64 columns in output order."""
+        import pandas as pd
+
+        missing = [column for column in self.input_columns if column not in frame.columns]
+        if missing:
+            raise DataSourceError(
+                f"the batch lacks column(s) {missing} that the preprocessor needs; it has {list(frame.columns)}"
+            )
+        categorical = {}
+        for column in self.categories:
+            codes, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
+            categorical[column] = (codes, list(uniques))
+        matrix = self.transform_arrays(frame[self.numeric_columns].to_numpy(dtype="float64"), categorical)
+        return pd.DataFrame(matrix, columns=self.output_columns, index=frame.index)
+
+    def transform_arrays(self, numeric: np.ndarray, categorical: dict[str, tuple[np.ndarray, list]]) -> np.ndarray:
+        """The model inputs as one float64 matrix in output order.
+
+        :param numeric: rows x ``numeric_columns`` (float64; not modified).
+        :param categorical: per categorical column, each row's code into its distinct values and
+            those values (code -1: missing, encoded as all zeros like an unseen value).
+        """
+        shift, scale = self._scale_arrays()
+        rows = numeric.shape[0]
+        width = len(self.numeric_columns) + sum(len(values) for values in self.categories.values())
+        matrix = np.empty((rows, width), dtype="float64", order="F")  # columns contiguous: zero-copy to Arrow
+        scaled = matrix[:, : len(self.numeric_columns)]
+        np.subtract(numeric, shift, out=scaled)
+        scaled /= scale
+        start = len(self.numeric_columns)
+        for column, trained in self.categories.items():
+            codes, values = categorical[column]
+            position = {value: index for index, value in enumerate(trained)}
+            # Each distinct value's index among the training categories (-1: unseen), then per row.
+            lookup = np.array([position.get(value, -1) if isinstance(value, str) else -1 for value in values] + [-1],
+                              dtype="int64")
+            index = lookup[codes]
+            matrix[:, start: start + len(trained)] = index[:, None] == np.arange(len(trained))
+            start += len(trained)
+        return matrix
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "scaler": self.scaler, "numeric_columns": self.numeric_columns,
+                "categories": self.categories, "statistics": self.statistics,
+                "label_column": self.label_column, "output_columns": self.output_columns}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Preprocessor":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise SpecError(f"not a preprocessor in format {FORMAT!r}: found {found!r}")
+        preprocessor = cls(data["scaler"], list(data["numeric_columns"]),
+                           {k: list(v) for k, v in data["categories"].items()},
+                           {k: {s: float(x) for s, x in v.items()} for k, v in data["statistics"].items()},
+                           data.get("label_column", ""))
+        if data.get("output_columns") not in (None, preprocessor.output_columns):
+            raise SpecError(f"preprocessor JSON is inconsistent: output_columns {data['output_columns']!r} "
+                            f"do not match its columns and categories")
+        return preprocessor
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Preprocessor":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SpecError(f"preprocessor JSON is not valid JSON: {err}") from err
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, uri: str) -> "Preprocessor":
+        """Read a preprocessor written by the ``data`` stage (local path, s3://, gs://)."""
+        from airflow_ray_ml_stages import artifacts
+
+        return cls.from_json(artifacts.read_bytes(uri))
+
+
+def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.DataFrame:
+    """Raw rows back from model inputs: undo the scaling, and decode one-hot columns.
+
+    Used to send rows of a preprocessed split to an endpoint that takes raw features (the
+    deployment smoke test); a row whose one-hot columns are all zero decodes to ``None``.
+    """
+    import pandas as pd
+
+    shift, scale = preprocessor._scale_arrays()
+    numeric = features[preprocessor.numeric_columns].to_numpy(dtype="float64") * scale + shift
+    raw = pd.DataFrame(numeric, columns=preprocessor.numeric_columns, index=features.index)
+    for column, values in preprocessor.categories.items():
+        one_hot = features[[f"{column}{ONE_HOT_SEPARATOR}{value}" for value in values]].to_numpy()
+        chosen = np.asarray(values, dtype=object)[one_hot.argmax(axis=1)] if values else np.full(len(raw), None)
+        raw[column] = np.where(one_hot.max(axis=1) > 0.5, chosen, None) if values else chosen
+    return raw
+
+
+def raw_split_rows(split_uri: str, preprocessor: Preprocessor,
+                   limit: int | None = None) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Rows of a preprocessed split (Parquet) as raw feature dicts, and their labels.
+
+    What an endpoint that takes raw features accepts: the deployment's smoke test and the sample
+    prediction of ``make run`` send these rows.
+    """
+    import pyarrow.dataset as ds
+
+    from airflow_ray_ml_stages import artifacts
+
+    filesystem, path = artifacts.resolve(split_uri)
+    table = ds.dataset(path, filesystem=filesystem, format="parquet").to_table()
+    frame = (table if limit is None else table.slice(0, limit)).to_pandas()
+    labels = frame[preprocessor.label_column].tolist()
+    return inverse_transform(preprocessor, frame).to_dict(orient="records"), labels
+
+
+def feature_affine(written: Preprocessor, target: Preprocessor, feature_columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per feature column ``(multiply, add)`` that turns data scaled by ``written`` into ``target``'s scaling.
+
+    ``target.transform(raw) == written.transform(raw) * multiply + add`` for every numeric column
+    (both are affine in the raw value: undo one, apply the other); one-hot and other columns keep
+    ``multiply = 1, add = 0``. No refit: tuning trials and the train stage switch scalers with this.
+    """
+    if written.numeric_columns != target.numeric_columns:
+        raise SpecError(
+            f"preprocessor variants disagree on their numeric columns: {written.numeric_columns!r} vs "
+            f"{target.numeric_columns!r}; both must come from the same preprocess run"
+        )
+    missing = [column for column in written.numeric_columns if column not in feature_columns]
+    if missing:
+        raise SpecError(f"feature_columns {feature_columns!r} lack the preprocessor's numeric column(s) {missing}")
+    written_shift, written_scale = written._scale_arrays()
+    target_shift, target_scale = target._scale_arrays()
+    multiply = np.ones(len(feature_columns))
+    add = np.zeros(len(feature_columns))
+    for index, column in enumerate(written.numeric_columns):
+        position = feature_columns.index(column)
+        # raw = x * written_scale + written_shift;  new = (raw - target_shift) / target_scale
+        multiply[position] = written_scale[index] / target_scale[index]
+        add[position] = (written_shift[index] - target_shift[index]) / target_scale[index]
+    return multiply, add

@@ -1,0 +1,252 @@
+"""Stage ``score``: batch predictions for a file of new rows with a trained model, on Ray Data.
+
+Run as ``python -m airflow_ray_ml_stages.score --spec '<json>'`` (a Ray job). The stage reads the input (CSV in
+either delimiter, or Parquet; one file or a directory of them) as a Ray Dataset, scores it with
+``map_batches`` on a pool of actors that each load the model directory once (Ray Data's
+batch-inference pattern: the model is never shipped with every batch), and writes the input rows
+plus a prediction column next to the input, in the input's format.
+
+Nothing is overwritten: the output goes to ``<input name>.predictions-<model version>`` (with
+``-2``, ``-3``... when that exists). On a local filesystem the files are written to a hidden
+temporary directory and renamed into place only when every batch succeeded, so a failed run leaves
+no partial output behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import sys
+import uuid
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.models import MODEL_CARD
+from airflow_ray_ml_stages.specs import ScoreResult, ScoreSpec
+from airflow_ray_ml_stages.stage import main_of, run_stage
+from airflow_ray_ml_stages.tables import PARQUET_SUFFIXES, colour_from_name, detect_delimiter
+from airflow_ray_ml_stages.wine import TYPE_COLUMN
+
+log = logging.getLogger("airflow_ray_ml_stages.score")
+
+PATH_COLUMN = "__rayml_source_path"
+SAMPLE_ROWS = 3
+_ERROR_MARK = "rayml-score-error: "
+
+
+def _input_files(uri: str) -> list[str]:
+    """The data files named by ``uri``: the file itself, or the CSV/Parquet files of a directory."""
+    from pyarrow import fs as pafs
+
+    if uri.startswith(("http://", "https://")):
+        raise DataSourceError(f"cannot score {uri!r}: batch scoring reads local paths, s3:// or gs://; "
+                              "copy the file there first")
+    filesystem, path = artifacts.resolve(uri)
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise DataSourceError(f"the file to score {uri!r} does not exist")
+    if info.type == pafs.FileType.File:
+        return [uri]
+    selector = pafs.FileSelector(path, recursive=False)
+    names = sorted(entry.base_name for entry in filesystem.get_file_info(selector)
+                   if entry.type == pafs.FileType.File and not entry.base_name.startswith((".", "_")))
+    files = [artifacts.join(uri, name) for name in names]
+    if not files:
+        raise DataSourceError(f"the directory to score {uri!r} holds no data files")
+    return files
+
+
+def _format_of(files: list[str]) -> str:
+    kinds = {"parquet" if f.lower().endswith(PARQUET_SUFFIXES) else "csv" for f in files}
+    if len(kinds) > 1:
+        raise DataSourceError(f"the input mixes CSV and Parquet files ({files[:4]}...): score one format at a time")
+    return kinds.pop()
+
+
+def _head(uri: str, size: int = 65536) -> str:
+    filesystem, path = artifacts.resolve(uri)
+    with filesystem.open_input_stream(path) as stream:
+        return stream.read(size).decode("utf-8-sig", errors="replace")
+
+
+def default_output(input_uri: str, model_version: str) -> str:
+    """``<input without its suffix>.predictions-<version>``, beside the input; never an existing one."""
+    trimmed = input_uri.rstrip("/")
+    parent, name = trimmed.rsplit("/", 1) if "/" in trimmed else ("", trimmed)
+    stem = re.sub(r"\.(csv|txt|parquet|pq)$", "", name, flags=re.IGNORECASE)
+    base = f"{stem}.predictions-{artifacts.safe_segment(model_version)}"
+    candidate, counter = base, 1
+    while artifacts.exists(artifacts.join(parent, candidate) if parent else candidate):
+        counter += 1
+        candidate = f"{base}-{counter}"
+    return artifacts.join(parent, candidate) if parent else candidate
+
+
+class BatchScorer:
+    """A Ray Data actor: loads the model directory once, then scores pandas batches."""
+
+    def __init__(self, model_dir: str, prediction_column: str, colour_by_path: bool) -> None:
+        from airflow_ray_ml_stages.serve import LoadedModel
+
+        self.model = LoadedModel.load(model_dir)
+        self.prediction_column = prediction_column
+        self.colour_by_path = colour_by_path
+
+    def _fail(self, message: str) -> None:
+        raise DataSourceError(_ERROR_MARK + message)
+
+    def __call__(self, batch):
+        import pandas as pd
+
+        if self.colour_by_path:
+            paths = batch.pop(PATH_COLUMN)
+            colours = paths.map(colour_from_name)
+            if colours.isna().any():
+                self._fail(f"rows of {paths[colours.isna()].iloc[0]!r} have no {TYPE_COLUMN!r} column and its "
+                           "name says neither red nor white; add the column")
+            batch.insert(0, TYPE_COLUMN, colours)
+        columns = self.model.input_columns
+        frame = batch.loc[:, columns].copy()
+        for column in self.model.preprocessor.numeric_columns:
+            values = pd.to_numeric(frame[column], errors="coerce")
+            bad = ~np.isfinite(values.to_numpy(dtype="float64", na_value=np.nan))
+            if bad.any():
+                sample = batch.loc[bad, columns].head(SAMPLE_ROWS).to_dict(orient="records")
+                self._fail(f"column {column!r} has {int(bad.sum())} non-numeric, missing or infinite value(s) "
+                           f"in this batch, e.g. rows {sample}; fix or drop those rows")
+            frame[column] = values
+        for column, allowed in self.model.preprocessor.categories.items():
+            bad = ~frame[column].isin(allowed)
+            if bad.any():
+                seen = sorted({str(v) for v in frame.loc[bad, column].head(20)})
+                self._fail(f"column {column!r} has value(s) {seen} the model was not trained on; allowed: {allowed}")
+        out = batch.copy()
+        out[self.prediction_column] = self.model.predict_frame(frame)
+        return out
+
+
+def _user_error(err: Exception) -> str | None:
+    """Our own message out of a Ray task/actor error that wraps it (None if it is not ours)."""
+    text = str(err)
+    if _ERROR_MARK not in text:
+        return None
+    return text.split(_ERROR_MARK, 1)[1].splitlines()[0].strip()
+
+
+def _summary(output_uri: str, output_format: str, column: str) -> tuple[int, dict[str, float]]:
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    filesystem, path = artifacts.resolve(output_uri)
+    dataset = pads.dataset(path, filesystem=filesystem, format=output_format)
+    values = dataset.to_table(columns=[column]).column(column)
+    if len(values) == 0:
+        return 0, {}
+    stats = pc.min_max(values)
+    return len(values), {"mean": float(pc.mean(values).as_py()), "min": float(stats["min"].as_py()),
+                         "max": float(stats["max"].as_py())}
+
+
+def run_scoring(spec: ScoreSpec) -> ScoreResult:
+    import pyarrow.csv as pacsv
+    import ray
+    import ray.data
+
+    card_uri = artifacts.join(spec.model_dir, MODEL_CARD)
+    if not artifacts.exists(card_uri):
+        raise DataSourceError(f"{spec.model_dir!r} is not a model directory (no {MODEL_CARD}); pass the "
+                              "model_dir of a train task's XCom or of the served model")
+    card = artifacts.read_json(card_uri)
+    version = str(card.get("model_version") or "unknown")
+    prediction_column = spec.prediction_column or f"predicted_{card.get('label_column', 'label')}"
+    files = _input_files(spec.input_uri)
+    output_format = _format_of(files)
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.execution_options.preserve_order = True  # predictions in the input's row order
+    filesystem, _ = artifacts.resolve(files[0])
+    paths = [artifacts.resolve(f)[1] for f in files]
+    if output_format == "parquet":
+        dataset = ray.data.read_parquet(paths, filesystem=filesystem)
+        names = dataset.schema().names
+    else:
+        head = _head(files[0])
+        header = head.splitlines()[0] if head.strip() else ""
+        if not header:
+            raise DataSourceError(f"{files[0]!r} is empty: give a file with a header row and data rows")
+        delimiter = detect_delimiter(header)
+        names = [name.strip().strip('"') for name in header.split(delimiter)]
+        dataset = None
+    from airflow_ray_ml_stages.preprocessor import Preprocessor
+
+    preprocessor = Preprocessor.load(artifacts.join(spec.model_dir, "preprocessor.json"))
+    needed = list(preprocessor.input_columns)
+    colour_by_path = (TYPE_COLUMN in needed and TYPE_COLUMN not in names
+                      and all(colour_from_name(f) for f in files))
+    missing = [c for c in needed if c not in names and not (c == TYPE_COLUMN and colour_by_path)]
+    if missing:
+        raise DataSourceError(f"{files[0]!r} lacks column(s) {missing} that model {version} needs; "
+                              f"it has {names}; the model takes {needed}")
+    if prediction_column in names:
+        raise DataSourceError(f"{files[0]!r} already has a column {prediction_column!r}; "
+                              "pass another prediction_column")
+    if dataset is None:
+        dataset = ray.data.read_csv(
+            paths, filesystem=filesystem, include_paths=colour_by_path,
+            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+        )
+    elif colour_by_path:
+        dataset = ray.data.read_parquet(paths, filesystem=filesystem, include_paths=True)
+    if colour_by_path:
+        dataset = dataset.rename_columns({"path": PATH_COLUMN})
+
+    output_uri = spec.output_uri or default_output(spec.input_uri, version)
+    if spec.output_uri and artifacts.exists(output_uri):
+        raise DataSourceError(f"output_uri {output_uri!r} exists; predictions never overwrite earlier ones: "
+                              "choose another output_uri or leave it empty")
+    local = not artifacts.is_remote(output_uri)
+    target = output_uri
+    if local:  # write into a hidden sibling, rename into place once everything succeeded
+        final_path = artifacts.resolve(output_uri)[1]
+        target = os.path.join(os.path.dirname(final_path), f".{os.path.basename(final_path)}.tmp-{uuid.uuid4().hex[:8]}")
+    scored = dataset.map_batches(
+        BatchScorer, fn_constructor_args=(spec.model_dir, prediction_column, colour_by_path),
+        batch_format="pandas", batch_size=spec.batch_size, concurrency=spec.concurrency,
+        num_cpus=spec.cpus_per_actor,
+    )
+    log.info("scoring %s (%d file(s), %s) with model %s into %s", spec.input_uri, len(files), output_format,
+             version, output_uri)
+    try:
+        if output_format == "parquet":
+            scored.write_parquet(target if local else output_uri)
+        else:
+            scored.write_csv(target if local else output_uri)
+    except Exception as err:
+        if local:
+            shutil.rmtree(target, ignore_errors=True)
+        message = _user_error(err)
+        if message is not None:
+            raise DataSourceError(f"cannot score {spec.input_uri!r}: {message}") from None
+        raise
+    if local:
+        os.rename(target, final_path)
+    rows, summary = _summary(output_uri, output_format, prediction_column)
+    log.info("wrote %d prediction(s) to %s: %s", rows, output_uri, summary)
+    return ScoreResult(output_uri=output_uri, output_format=output_format, rows=rows,
+                       prediction_column=prediction_column, model_dir=spec.model_dir, model_version=version,
+                       input_uri=spec.input_uri, predictions=summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(ScoreSpec, run_scoring, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main_of(__spec__.name))

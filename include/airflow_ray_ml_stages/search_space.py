@@ -1,0 +1,252 @@
+"""The tuning search space: JSON-able domains over model family, scaler and each family's hyperparameters.
+
+A search space is a JSON object::
+
+    {
+      "family": {"choice": ["lightning", "xgboost"]},
+      "scaler": {"choice": ["standard", "minmax"]},
+      "lightning": {"lr": {"loguniform": [1e-3, 3e-2]}, "hidden_sizes": {"choice": [[64, 32], [128, 64]]},
+                    "max_epochs": 30},
+      "xgboost": {"max_depth": {"randint": [3, 11]}, "eta": {"loguniform": [0.02, 0.3]}}
+    }
+
+Each value is a fixed value or one domain: ``{"choice": [...]}``, ``{"uniform": [low, high]}``,
+``{"loguniform": [low, high]}`` (low > 0), ``{"randint": [low, high]}`` (integers, high
+exclusive, as Ray Tune's) or ``{"grid": [...]}`` (every value is tried; random search only).
+``family`` and ``scaler`` may be fixed strings. Each family's block holds only its own
+hyperparameters; a trial of one family never sees the other's, and the best config carries only
+its own. Hyperparameters a block does not name take the train stage's defaults.
+
+Ray Tune (and Optuna) see the same nesting (Ray flattens it to keys such as ``xgboost/eta``), so
+each trial samples every block and uses its family's; choices whose options are not plain scalars
+(``hidden_sizes`` lists) are searched as indices and decoded per trial, as Optuna's categorical
+distribution takes scalars only. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+from airflow_ray_ml_stages.constants import SCALERS
+from airflow_ray_ml_stages.errors import SpecError
+from airflow_ray_ml_stages.train.config import FAMILIES, LIGHTNING_DEFAULTS, XGBOOST_DEFAULTS, resolve_train_config
+
+DOMAINS = ("choice", "uniform", "loguniform", "randint", "grid")
+BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round"}
+"""The hyperparameter that sets a family's training length (ASHA's budget is a share of it)."""
+
+DEFAULT_SEARCH_SPACE: dict[str, Any] = {
+    "family": {"choice": ["lightning", "xgboost"]},
+    "scaler": {"choice": ["standard", "minmax"]},
+    "lightning": {
+        "hidden_sizes": {"choice": [[32, 16], [64, 32], [128, 64], [128, 64, 32]]},
+        "dropout": {"uniform": [0.0, 0.3]},
+        "lr": {"loguniform": [1e-3, 3e-2]},
+        "weight_decay": {"loguniform": [1e-6, 1e-3]},
+        "batch_size": {"choice": [64, 128, 256]},
+        "max_epochs": 40,
+        "patience": 6,
+    },
+    "xgboost": {
+        "max_depth": {"randint": [3, 11]},
+        "eta": {"loguniform": [0.02, 0.3]},
+        "subsample": {"uniform": [0.6, 1.0]},
+        "colsample_bytree": {"uniform": [0.5, 1.0]},
+        "min_child_weight": {"loguniform": [0.5, 10.0]},
+        "reg_lambda": {"loguniform": [0.1, 10.0]},
+        "num_boost_round": 400,
+        "early_stopping_rounds": 30,
+    },
+}
+"""The default for the wine data: both families, both scalers, each family's main hyperparameters."""
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _domain(where: str, value: Any) -> tuple[str, Any] | None:
+    """``(kind, argument)`` of a domain, None for a fixed value; SpecError quoting a bad one."""
+    if not (isinstance(value, dict) and len(value) == 1 and next(iter(value)) in DOMAINS):
+        if isinstance(value, dict) and set(value) & set(DOMAINS):
+            raise SpecError(f"search_space{where} must hold exactly one of {list(DOMAINS)}, got {value!r}")
+        return None
+    kind, argument = next(iter(value.items()))
+    if kind in ("choice", "grid"):
+        if not isinstance(argument, list) or not argument:
+            raise SpecError(f"search_space{where}: {kind} needs a non-empty list of options, got {argument!r}")
+        return kind, argument
+    if not (isinstance(argument, list) and len(argument) == 2 and all(_is_number(x) for x in argument)
+            and argument[0] < argument[1]):
+        raise SpecError(f"search_space{where}: {kind} needs [low, high] numbers with low < high, got {argument!r}")
+    if kind == "loguniform" and argument[0] <= 0:
+        raise SpecError(f"search_space{where}: loguniform needs low > 0, got {argument!r}")
+    if kind == "randint" and not all(isinstance(x, int) for x in argument):
+        raise SpecError(f"search_space{where}: randint needs integer bounds [low, high), got {argument!r}")
+    return kind, argument
+
+
+def _options(where: str, value: Any) -> list[Any]:
+    """Every value a domain (or fixed value) can take that matters for validation: options, or bounds."""
+    domain = _domain(where, value)
+    if domain is None:
+        return [value]
+    kind, argument = domain
+    if kind == "randint":
+        return [argument[0], argument[1] - 1]
+    return list(argument)
+
+
+class SearchSpace:
+    """A validated search space; :meth:`to_ray` gives Ray Tune's flat ``param_space``."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        if not isinstance(raw, dict):
+            raise SpecError(f"search_space must be a JSON object, got {raw!r}")
+        unknown = sorted(set(raw) - {"family", "scaler", *FAMILIES})
+        if unknown:
+            raise SpecError(f"search_space has unknown key(s) {unknown}; it takes 'family', 'scaler' and one "
+                            f"block per family {list(FAMILIES)}")
+        self.raw = copy.deepcopy(raw)
+        self.families = self._top("family", FAMILIES, "lightning")
+        self.scalers = self._top("scaler", SCALERS, None)
+        unused = sorted(set(raw) & set(FAMILIES) - set(self.families))
+        if unused:
+            raise SpecError(f"search_space has block(s) {unused} but 'family' only allows {self.families}; "
+                            f"add them to the family choice or drop the block(s)")
+        self.blocks: dict[str, dict[str, Any]] = {}
+        for family in self.families:
+            block = raw.get(family, {})
+            if not isinstance(block, dict):
+                raise SpecError(f"search_space[{family!r}] must be an object of hyperparameters, got {block!r}")
+            self.blocks[family] = block
+            self._check_block(family, block)
+        self.has_grid = any(self._kind(value) == "grid" for value in self._flat_values().values())
+
+    def _kind(self, value: Any) -> str | None:
+        domain = _domain("", value)
+        return domain[0] if domain else None
+
+    def _top(self, key: str, allowed: tuple[str, ...], default: str | None) -> list[Any]:
+        if key not in self.raw and default is None:
+            return [None]
+        value = self.raw.get(key, default)
+        options = _options(f"[{key!r}]", value)
+        bad = [option for option in options if option not in allowed]
+        if bad or self._kind(value) in ("uniform", "loguniform", "randint"):
+            raise SpecError(f"search_space[{key!r}] must be one of {list(allowed)} or a choice/grid of them, "
+                            f"got {value!r}")
+        return options
+
+    def _check_block(self, family: str, block: dict[str, Any]) -> None:
+        if family == "lightning":
+            unknown = sorted(set(block) - set(LIGHTNING_DEFAULTS))
+            if unknown:
+                raise SpecError(f"search_space['lightning'] has unknown hyperparameter(s) {unknown}; known: "
+                                f"{sorted(LIGHTNING_DEFAULTS)}")
+        elif "family" in block or "scaler" in block:
+            raise SpecError(f"search_space[{family!r}] must not set 'family' or 'scaler'; set them at the top")
+        # Every option (and each range's bounds) must be a config the train stage accepts.
+        for name, value in block.items():
+            for option in _options(f"[{family!r}][{name!r}]", value):
+                try:
+                    resolve_train_config({"family": family, name: option})
+                except SpecError as err:
+                    raise SpecError(f"search_space[{family!r}][{name!r}] allows {option!r}, which training "
+                                    f"rejects: {err}") from None
+
+    def _flat_values(self) -> dict[str, Any]:
+        flat = {"family": self.raw.get("family", "lightning")}
+        if "scaler" in self.raw:
+            flat["scaler"] = self.raw["scaler"]
+        for family, block in self.blocks.items():
+            for name, value in block.items():
+                flat[f"{family}.{name}"] = value
+        return flat
+
+    @staticmethod
+    def _ray_domain(value: Any) -> Any:
+        from ray import tune
+
+        domain = _domain("", value)
+        if domain is None:
+            return value
+        kind, argument = domain
+        if kind in ("choice", "grid"):
+            options = argument if all(_is_scalar(x) for x in argument) else list(range(len(argument)))
+            return tune.choice(options) if kind == "choice" else tune.grid_search(options)
+        return getattr(tune, kind)(*argument)
+
+    def to_ray(self) -> dict[str, Any]:
+        """Ray Tune's ``param_space``; non-scalar choices as indices (decoded by :meth:`decode`)."""
+        space: dict[str, Any] = {"family": self._ray_domain(self.raw.get("family", "lightning"))}
+        if "scaler" in self.raw:
+            space["scaler"] = self._ray_domain(self.raw["scaler"])
+        for family, block in self.blocks.items():
+            if block:
+                space[family] = {name: self._ray_domain(value) for name, value in block.items()}
+        return space
+
+    def decode(self, sampled: dict[str, Any]) -> dict[str, Any]:
+        """A trial's config: ``family``, ``scaler`` (when the space names one) and its family's hyperparameters."""
+        family = sampled["family"]
+        config: dict[str, Any] = {"family": family}
+        if sampled.get("scaler") is not None:
+            config["scaler"] = sampled["scaler"]
+        for name, value in (sampled.get(family) or {}).items():
+            domain = _domain("", self.blocks[family][name])
+            if domain and domain[0] in ("choice", "grid") and not all(_is_scalar(x) for x in domain[1]):
+                value = domain[1][int(value)]
+            config[name] = _plain(value)
+        return config
+
+    def max_budget(self, family: str) -> int:
+        """The most epochs (lightning) or rounds (xgboost) a trial of ``family`` can run."""
+        key = BUDGET_KEYS[family]
+        defaults = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
+        value = self.blocks.get(family, {}).get(key, defaults[key])
+        return int(max(_options("", value)))
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars (what samplers return) as plain JSON numbers."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict)):
+        return value.item()
+    return value
+
+
+def default_search_space(
+    families: list[str] | None = None,
+    scalers: list[str] | None = None,
+    max_epochs: int | None = None,
+    num_boost_round: int | None = None,
+) -> dict[str, Any]:
+    """The default search space narrowed to ``families`` and ``scalers``, with the training budgets set.
+
+    What the wine DAG's Params form builds: a family or scaler given alone is fixed rather than a
+    one-option choice; the result is validated like any user's space.
+    """
+    space = copy.deepcopy(DEFAULT_SEARCH_SPACE)
+    families = list(families or FAMILIES)
+    scalers = list(scalers or space["scaler"]["choice"])
+    for name, chosen, allowed in (("families", families, FAMILIES), ("scalers", scalers, SCALERS)):
+        wrong = [value for value in chosen if value not in allowed]
+        if wrong:
+            raise SpecError(f"{name} may hold {list(allowed)}, got {wrong}")
+    space["family"] = families[0] if len(families) == 1 else {"choice": families}
+    space["scaler"] = scalers[0] if len(scalers) == 1 else {"choice": scalers}
+    for family in FAMILIES:
+        if family not in families:
+            space.pop(family)
+    if max_epochs is not None and "lightning" in space:
+        space["lightning"]["max_epochs"] = int(max_epochs)
+    if num_boost_round is not None and "xgboost" in space:
+        space["xgboost"]["num_boost_round"] = int(num_boost_round)
+    SearchSpace(space)
+    return space

@@ -1,0 +1,240 @@
+"""The training loops: a Lightning MLP and an XGBoost booster, each checkpointing and resumable.
+
+Both run unchanged in a Ray Train worker, a Ray Tune trial or the job's own process (see
+:mod:`airflow_ray_ml_stages.train.contexts`); rank 0 evaluates the trained model and writes its weights into the
+model directory and its predictions into the run's files (:mod:`airflow_ray_ml_stages.train.run_dir`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.models import TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL
+from airflow_ray_ml_stages.train.contexts import RayTrainContext, loop_context
+from airflow_ray_ml_stages.train.run_dir import announce_worker, write_evaluation, write_final
+from airflow_ray_ml_stages.train.splits import split_arrays
+
+
+def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarray) -> None:
+    """Report a trial's validation metrics now (``val_rmse``, ``val_mae``, ``val_acc_*``) to Ray Tune."""
+    from ray import tune
+
+    metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
+    # Tune's own "timestamp" has whole seconds: too coarse to plot short trials over time.
+    tune.report({**metrics, **step, "reported_at": time.time()})
+
+
+def checkpoint_every(cfg: dict[str, Any]) -> int:
+    """Checkpoint (and report) every this many epochs or rounds: the spec's, else every epoch or a tenth of the rounds."""
+    if cfg["checkpoint_every"]:
+        return cfg["checkpoint_every"]
+    if cfg["config"]["family"] == "xgboost":
+        return max(1, cfg["config"]["num_boost_round"] // 10)
+    return 1
+
+
+# -- Lightning ---------------------------------------------------------------------------------
+
+
+def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+    """Lightning MLP with early stopping and checkpoints.
+
+    Runs in Ray Train workers (``TorchTrainer`` with ``RayDDPStrategy``; ``context`` None) or, for a
+    small CPU run, in the job's own process with an :class:`InProcessTrainContext`.
+    """
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import EarlyStopping
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from airflow_ray_ml_stages.models.mlp import lightning_module, model_config
+
+    context = loop_context(cfg, context)
+    in_ray_train = isinstance(context, RayTrainContext)
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    announce_worker(cfg, rank)
+    config, features, label, seed = cfg["config"], cfg["feature_columns"], cfg["label_column"], cfg["seed"]
+    pl.seed_everything(seed, workers=True, verbose=False)
+    torch.set_num_threads(cfg["threads"])
+
+    train_x, train_y = split_arrays(cfg, "train", rank, world_size)
+    val_x, val_y = split_arrays(cfg, "validation")
+    train_loader = DataLoader(
+        TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
+        batch_size=config["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed + rank),
+    )
+    val_loader = DataLoader(TensorDataset(torch.from_numpy(val_x), torch.from_numpy(val_y)), batch_size=4096)
+    module = lightning_module(config, len(features), cfg["label_mean"])
+
+    every = checkpoint_every(cfg)
+    callbacks = []
+    if in_ray_train:
+        from ray.train.lightning import RayTrainReportCallback
+
+        class ReportEveryCallback(RayTrainReportCallback):
+            """RayTrainReportCallback, every ``every`` epochs: each report costs a controller round trip."""
+
+            def on_train_epoch_end(self, trainer, pl_module):
+                if (trainer.current_epoch + 1) % every == 0:
+                    super().on_train_epoch_end(trainer, pl_module)
+
+        callbacks.append(ReportEveryCallback())
+
+    class TuneReportEveryCallback(pl.Callback):
+        """In a Tune trial: the validation metrics every ``every`` epochs (ASHA decides on these)."""
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            if (trainer.current_epoch + 1) % every:
+                return
+            was_training = pl_module.training
+            pl_module.eval()
+            with torch.inference_mode():
+                predicted = pl_module.model(torch.from_numpy(val_x).to(pl_module.device)).cpu().numpy()
+            pl_module.train(was_training)
+            tune_report({"epoch": trainer.current_epoch + 1}, val_y, predicted)
+
+    if context.tune:
+        callbacks.append(TuneReportEveryCallback())
+    if config["patience"]:
+        callbacks.append(EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
+    local_mode = cfg["local_mode"]
+    if not local_mode:
+        from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
+    trainer = pl.Trainer(
+        max_epochs=config["max_epochs"],
+        accelerator="gpu" if cfg["use_gpu"] else "cpu",
+        devices="auto" if not local_mode else 1,
+        strategy="auto" if local_mode else RayDDPStrategy(),
+        plugins=None if local_mode else [RayLightningEnvironment()],
+        callbacks=callbacks,
+        deterministic=True,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    if not local_mode:
+        trainer = prepare_trainer(trainer)
+
+    resumed_from_epoch = None
+    checkpoint = context.get_checkpoint()
+    if checkpoint:
+        from ray.train.lightning import RayTrainReportCallback
+
+        with checkpoint.as_directory() as directory:
+            path = os.path.join(directory, RayTrainReportCallback.CHECKPOINT_NAME)
+            resumed_from_epoch = int(torch.load(path, map_location="cpu", weights_only=True)["epoch"]) + 1
+            print(f"airflow_ray_ml_stages.train: worker rank {rank} (pid {os.getpid()}) resumes from the checkpoint "
+                  f"after epoch {resumed_from_epoch}", flush=True)
+            trainer.fit(module, train_loader, val_loader, ckpt_path=path, weights_only=True)
+    else:
+        trainer.fit(module, train_loader, val_loader)
+
+    final = {"epochs_run": int(trainer.current_epoch), "resumed_from_epoch": resumed_from_epoch,
+             "device": str(trainer.strategy.root_device),
+             "best_val_loss": float(trainer.callback_metrics.get("val_loss", float("nan")))}
+    if rank == 0:
+        net = module.model.to("cpu").eval()
+        evaluated = {"validation": (val_x, val_y)}
+        if "test" in context.evaluation_splits():
+            evaluated["test"] = split_arrays(cfg, "test")
+        with torch.inference_mode():
+            for split, (x, y) in evaluated.items():
+                write_evaluation(cfg, split, y, net(torch.from_numpy(x)).numpy())
+        buffer = io.BytesIO()
+        torch.save({name: tensor.detach().cpu().clone() for name, tensor in net.state_dict().items()}, buffer)
+        artifacts.write_bytes_atomic(artifacts.join(cfg["model_dir"], TORCH_WEIGHTS), buffer.getvalue())
+        artifacts.write_json_atomic(
+            artifacts.join(cfg["model_dir"], TORCH_CONFIG),
+            model_config(len(features), config["hidden_sizes"], config["dropout"], cfg["label_mean"]),
+        )
+        write_final(cfg, final)
+
+
+# -- XGBoost -----------------------------------------------------------------------------------
+
+
+def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+    """XGBoost training loop, checkpoints every N rounds, resumable.
+
+    Runs in Ray Train workers (V2 ``XGBoostTrainer``; ``context`` None), in a Ray Tune trial
+    (``cfg["session"] == "tune"``) or, for a small CPU run, in the job's own process with an
+    :class:`InProcessTrainContext`.
+    """
+    import xgboost
+
+    context = loop_context(cfg, context)
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    announce_worker(cfg, rank)
+    config, features, label = cfg["config"], cfg["feature_columns"], cfg["label_column"]
+
+    train_x, train_y = split_arrays(cfg, "train", rank, world_size)
+    val_x, val_y = split_arrays(cfg, "validation")
+    dtrain = xgboost.DMatrix(train_x, label=train_y, feature_names=features)
+    dvalidation = xgboost.DMatrix(val_x, label=val_y, feature_names=features)
+    booster_keys = {"num_boost_round", "early_stopping_rounds", "family"}
+    params = {
+        "objective": "reg:squarederror", "eval_metric": "rmse", "tree_method": "hist",
+        "seed": cfg["seed"], "nthread": cfg["threads"], "base_score": cfg["label_mean"],
+        "device": "cuda" if cfg["use_gpu"] else "cpu",
+        **{key: value for key, value in config.items() if key not in booster_keys},
+    }
+    every = checkpoint_every(cfg)
+
+    class ReportEveryCallback(xgboost.callback.TrainingCallback):
+        """Report (with a checkpoint in XGBoost's own format) every ``every`` rounds, not each one."""
+
+        def after_iteration(self, model, epoch, evals_log):
+            rounds = model.num_boosted_rounds()
+            if rounds % every == 0 and context.tune:
+                tune_report({"round": rounds}, val_y, model.predict(dvalidation))
+            elif rounds % every == 0:
+                metrics = {"round": rounds, "validation_rmse": float(evals_log["validation"]["rmse"][-1])}
+                with tempfile.TemporaryDirectory() as directory:
+                    if rank == 0:
+                        model.save_model(os.path.join(directory, XGBOOST_MODEL))
+                    context.report(metrics, checkpoint_directory=directory if rank == 0 else None)
+            return False
+
+    start_booster, resumed_from_round = None, None
+    checkpoint = context.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as directory:
+            start_booster = xgboost.Booster()
+            start_booster.load_model(os.path.join(directory, XGBOOST_MODEL))
+        resumed_from_round = start_booster.num_boosted_rounds()
+        print(f"airflow_ray_ml_stages.train: worker rank {rank} (pid {os.getpid()}) resumes from the checkpoint "
+              f"after round {resumed_from_round}", flush=True)
+    remaining = config["num_boost_round"] - (resumed_from_round or 0)
+    booster = xgboost.train(
+        params, dtrain, num_boost_round=max(0, remaining), evals=[(dvalidation, "validation")],
+        early_stopping_rounds=config["early_stopping_rounds"] or None, xgb_model=start_booster,
+        callbacks=[ReportEveryCallback()], verbose_eval=False,
+    )
+    rounds_run = booster.num_boosted_rounds()
+    best = getattr(booster, "best_iteration", None)
+    if config["early_stopping_rounds"] and best is not None and best + 1 < rounds_run:
+        booster = booster[: best + 1]  # keep the best rounds, as early stopping intends
+    final = {"rounds_run": rounds_run, "rounds_kept": booster.num_boosted_rounds(),
+             "resumed_from_round": resumed_from_round, "device": params["device"]}
+    # Every rank builds the evaluation DMatrix: with several workers, DMatrix construction is a
+    # collective operation, and rank 0 alone would wait for the others.
+    evaluated = {"validation": (val_x, val_y)}
+    if "test" in context.evaluation_splits():
+        evaluated["test"] = split_arrays(cfg, "test")
+    predictions = {split: (y, booster.predict(xgboost.DMatrix(x, feature_names=features)))
+                   for split, (x, y) in evaluated.items()}
+    if rank == 0:
+        for split, (y, predicted) in predictions.items():
+            write_evaluation(cfg, split, y, predicted)
+        artifacts.write_bytes_atomic(artifacts.join(cfg["model_dir"], XGBOOST_MODEL), bytes(booster.save_raw("ubj")))
+        write_final(cfg, final)

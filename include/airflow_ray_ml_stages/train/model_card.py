@@ -1,0 +1,99 @@
+"""After the loop: metrics and a mean-predictor baseline from what it wrote, and the model card.
+
+:func:`finish` reads the run's evaluation files, writes ``model_card.json`` (and the preprocessor
+the features were scaled with) into the model directory, and returns the stage's result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.models import MODEL_CARD, PREPROCESSOR
+from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
+from airflow_ray_ml_stages.train.loops import checkpoint_every
+from airflow_ray_ml_stages.train.run_dir import EVALUATION_DIR, read_evaluation, run_name, worker_record_uris
+
+log = logging.getLogger("airflow_ray_ml_stages.train")
+
+
+def _framework_versions(family: str) -> dict[str, str]:
+    from importlib.metadata import version
+
+    # The installed Ray's version without importing it (an in-process run never needs Ray).
+    versions = {"python": platform.python_version(), "ray": version("ray"), "numpy": np.__version__}
+    if family == "lightning":
+        import pytorch_lightning
+        import torch
+
+        versions.update(torch=torch.__version__, pytorch_lightning=pytorch_lightning.__version__)
+    else:
+        import xgboost
+
+        versions["xgboost"] = xgboost.__version__
+    return versions
+
+
+def finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_config: dict[str, Any],
+            label_mean: float, train_rows: int, started: float, preprocessor_uri: str | None, *, fit_s: float, runner: str, num_workers: int,
+            sizing_reason: str, use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
+    """Metrics, baseline and model card from what the training loop wrote; the stage's result."""
+    family, local_mode, data_loading = config["family"], num_workers == 0, loop_config["data_loading"]
+    cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config["model_dir"]
+    final = artifacts.read_json(artifacts.join(spec.artifact_dir, EVALUATION_DIR, "final.json"))
+
+    metrics = {}
+    for split in ("validation", "test"):
+        labels, predictions = read_evaluation(spec.artifact_dir, split)
+        metrics[split] = regression_metrics(labels, predictions)
+    test_labels, _ = read_evaluation(spec.artifact_dir, "test")
+    baseline = {"test_rmse": regression_metrics(test_labels, np.full_like(test_labels, label_mean))["rmse"],
+                "train_label_mean": label_mean}
+    worker_records = [artifacts.read_json(f"{uri}") for uri in worker_record_uris(spec.artifact_dir)]
+    worker_starts = len(worker_records)
+    compute_used = {
+        "use_gpu": use_gpu, "accelerator": "gpu" if use_gpu else "cpu", "device": final.get("device"),
+        "num_workers": num_workers, "local_mode": local_mode, "data_loading": data_loading, "cpus_per_worker": cpus_per_worker,
+        "gpus_per_worker": gpus_per_worker, "gpu_fallback": fallback_reason is not None,
+        "placement_strategy": spec.placement_strategy,
+        "worker_nodes": sorted({r["node_id"] for r in worker_records if r.get("node_id")}),
+        "fallback_reason": fallback_reason, "sizing_reason": sizing_reason,
+        "requested": {key: spec.compute.get(key) for key in ("use_gpu", "num_workers", "cpus_per_worker",
+                                                             "gpus_per_worker", "accelerator", "reason")},
+    }
+    training = {
+        **{key: value for key, value in final.items() if key not in ("device",)},
+        "train_rows": train_rows, "worker_starts": worker_starts,
+        "restarts": max(0, worker_starts - max(1, num_workers)), "run_name": run_name(spec.artifact_dir),
+        "checkpoint_every": checkpoint_every(loop_config), "fit_s": round(fit_s, 3), "runner": runner,
+        "stage_s": round(time.monotonic() - started, 3),
+    }
+    model_version = f"{family}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    if preprocessor_uri:
+        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), artifacts.read_bytes(preprocessor_uri))
+    if spec.scaler:
+        config = {**config, "scaler": spec.scaler}  # recorded; the booster never saw it
+    card = {
+        "family": family, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
+        "metrics": metrics, "baseline": baseline, "config": config, "data_fingerprint": spec.data_fingerprint,
+        "framework_versions": _framework_versions(family), "compute": compute_used,
+        "trained_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model_version": model_version,
+        "seed": spec.seed, "training": training,
+        "preprocessor": PREPROCESSOR if preprocessor_uri else None,
+    }
+    artifacts.write_json_atomic(artifacts.join(model_dir, MODEL_CARD), card)
+    log.info("trained %s %s: test rmse %.4f (baseline %.4f), validation rmse %.4f; %s",
+             family, model_version, metrics["test"]["rmse"], baseline["test_rmse"], metrics["validation"]["rmse"],
+             json.dumps(training, sort_keys=True))
+    return TrainResult(model_dir=model_dir, family=family, metrics=metrics, baseline=baseline, config=config,
+                       model_version=model_version, compute_used=compute_used, training=training,
+                       data_fingerprint=spec.data_fingerprint)

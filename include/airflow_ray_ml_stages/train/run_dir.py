@@ -1,0 +1,78 @@
+"""A training run's files under its artifact directory, written in the loop and read by the driver.
+
+Each loop writes its predictions per split (``evaluation/<split>.npz``) and ``final.json``
+(epochs or rounds run, the device), and every worker process a record (``workers/``) from which
+the driver counts restarts. Ray Train keeps the run's checkpoints under ``train_runs/<run name>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+
+
+EVALUATION_DIR = "evaluation"
+WORKERS_DIR = "workers"
+TRAIN_RUNS_DIR = "train_runs"
+
+
+def announce_worker(cfg: dict[str, Any], rank: int) -> None:
+    """Record this worker process (pid, rank, node, start time): operators and tests find workers here."""
+    ray = sys.modules.get("ray")  # never imported just for this: the in-process runner runs without Ray
+    node_id = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
+    record = {"pid": os.getpid(), "rank": rank, "host": platform.node(), "node_id": node_id, "started": time.time()}
+    uri = artifacts.join(cfg["artifact_dir"], WORKERS_DIR, f"rank{rank}-pid{os.getpid()}.json")
+    artifacts.write_json_atomic(uri, record)
+
+
+def write_evaluation(cfg: dict[str, Any], split: str, labels: np.ndarray, predictions: np.ndarray) -> None:
+    """A split's labels and predictions, as ``evaluation/<split>.npz``."""
+    buffer = io.BytesIO()
+    np.savez(buffer, y_true=labels.astype(np.float64), y_pred=predictions.astype(np.float64))
+    artifacts.write_bytes_atomic(artifacts.join(cfg["artifact_dir"], EVALUATION_DIR, f"{split}.npz"), buffer.getvalue())
+
+
+def write_final(cfg: dict[str, Any], final: dict[str, Any]) -> None:
+    """What the loop ran (epochs or rounds, the device), as ``evaluation/final.json``."""
+    artifacts.write_json_atomic(artifacts.join(cfg["artifact_dir"], EVALUATION_DIR, "final.json"), final)
+
+
+def read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """A split's labels and predictions, as :func:`write_evaluation` wrote them."""
+    with np.load(io.BytesIO(artifacts.read_bytes(artifacts.join(artifact_dir, EVALUATION_DIR, f"{split}.npz"))),
+                 allow_pickle=False) as data:
+        return data["y_true"], data["y_pred"]
+
+
+def _list_files(uri: str) -> list[str]:
+    from pyarrow import fs as pafs
+
+    filesystem, path = artifacts.resolve(uri)
+    selector = pafs.FileSelector(path, allow_not_found=True)
+    return [info.path for info in filesystem.get_file_info(selector) if info.type == pafs.FileType.File]
+
+
+def worker_record_uris(artifact_dir: str) -> list[str]:
+    """URIs of the worker records (one per worker process start) under the run's artifacts."""
+    base = artifacts.join(artifact_dir, WORKERS_DIR)
+    return [artifacts.join(base, os.path.basename(path)) for path in _list_files(base)]
+
+
+def run_name(artifact_dir: str) -> str:
+    """The Ray Train run name: unique per Airflow task run (a retry of it resumes the same run)."""
+    return "train-" + hashlib.sha1(artifact_dir.encode("utf-8")).hexdigest()[:16]
+
+
+def storage_path(artifact_dir: str) -> str:
+    """Where Ray Train keeps the run's checkpoints: ``train_runs/`` under the artifact directory."""
+    uri = artifacts.join(artifact_dir, TRAIN_RUNS_DIR)
+    return uri if artifacts.is_remote(uri) else artifacts.resolve(uri)[1]

@@ -1,0 +1,145 @@
+"""The preprocessed splits as training reads them, and the map to the scaler a config asks for.
+
+A split is read with ``pyarrow.parquet`` alone (:class:`ParquetSplit`), or as the Ray Data shard
+Ray Train hands a worker; :func:`split_arrays` gives a loop either as float32 arrays, mapped to
+another scaler's scaling where :func:`scaler_plan` says so (an exact affine map per feature).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.errors import DataSourceError, SpecError
+from airflow_ray_ml_stages.preprocessor import Preprocessor, feature_affine
+
+SPLITS = ("train", "validation", "test")
+
+
+class ParquetSplit:
+    """A split written as one Parquet file or a directory of them, read with ``pyarrow.parquet`` alone.
+
+    (``pyarrow.dataset`` would do, but importing it imports pandas too: ~0.5 s of a wine-scale run.)
+    Files are read in sorted path order, so a split reads the same way every time.
+    """
+
+    def __init__(self, uri: str, columns: list[str]) -> None:
+        from pyarrow import fs as pafs
+
+        self.uri = uri
+        self.filesystem, path = artifacts.resolve(uri)
+        try:
+            info = self.filesystem.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                raise FileNotFoundError(f"{path} does not exist")
+            if info.type == pafs.FileType.Directory:
+                found = self.filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+                self.files = sorted(entry.path for entry in found if entry.type == pafs.FileType.File
+                                    and not os.path.basename(entry.path).startswith((".", "_")))
+            else:
+                self.files = [path]
+            if not self.files:
+                raise FileNotFoundError(f"{path} holds no Parquet file")
+            names = self._file(self.files[0]).schema_arrow.names
+        except (FileNotFoundError, OSError) as err:
+            raise DataSourceError(f"cannot read the Parquet split {uri!r}: {err}") from err
+        missing = sorted(set(columns) - set(names))
+        if missing:
+            raise DataSourceError(
+                f"split {uri!r} lacks column(s) {missing}; it has {names}. "
+                "Pass feature_columns/label_column that match the preprocessed data"
+            )
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in every file, from the Parquet footers."""
+        return sum(self._file(path).metadata.num_rows for path in self.files)
+
+    def _file(self, path: str):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.filesystem.open_input_file(path))
+
+    def to_table(self, columns: list[str]):
+        import pyarrow as pa
+
+        return pa.concat_tables([self._file(path).read(columns=columns) for path in self.files])
+
+
+def label_stats(uri: str, label: str, columns: list[str]) -> tuple[int, float]:
+    """Rows and label mean of a split, read with pyarrow alone (cheap: one column)."""
+    table = ParquetSplit(uri, columns).to_table(columns=[label])
+    if table.num_rows == 0:
+        raise DataSourceError(f"split {uri!r} has no rows")
+    return table.num_rows, float(np.mean(table.column(label).to_numpy(zero_copy_only=False)))
+
+
+def shard_arrays(shard, features: list[str], label: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read a Ray Data shard (or dataset) once into float32 feature and label arrays."""
+    xs, ys = [], []
+    for batch in shard.iter_batches(batch_size=65536, batch_format="numpy"):
+        xs.append(np.column_stack([np.asarray(batch[column], dtype=np.float32) for column in features]))
+        ys.append(np.asarray(batch[label], dtype=np.float32))
+    if not xs:
+        return np.zeros((0, len(features)), np.float32), np.zeros(0, np.float32)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def split_arrays(cfg: dict[str, Any], split: str, rank: int = 0, world_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """A split as arrays: from the Ray Dataset shard, or read directly (small data) and sliced by rank.
+
+    With ``cfg["feature_affine"]`` (``[multiply, add]`` per feature, see
+    :func:`airflow_ray_ml_stages.preprocessor.feature_affine`) the features are mapped to another scaler's scaling.
+    """
+    features, label = cfg["feature_columns"], cfg["label_column"]
+    if cfg["data_loading"] == "ray_data":
+        import ray.data
+        import ray.train
+
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        x, y = shard_arrays(ray.train.get_dataset_shard(split), features, label)
+        return _map_features(cfg, x), y
+    table = ParquetSplit(cfg["uris"][split], [*features, label]).to_table(columns=[*features, label])
+    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in features])
+    y = table.column(label).to_numpy(zero_copy_only=False).astype(np.float32)
+    x = _map_features(cfg, x)
+    if split == "train" and world_size > 1:
+        return x[rank::world_size], y[rank::world_size]
+    return x, y
+
+
+def _map_features(cfg: dict[str, Any], x: np.ndarray) -> np.ndarray:
+    affine = cfg.get("feature_affine")
+    if not affine:
+        return x
+    multiply, add = (np.asarray(part, dtype=np.float64) for part in affine)
+    return (x.astype(np.float64) * multiply + add).astype(np.float32)
+
+
+def scaler_plan(preprocessor_uri: str | None, variants: dict[str, str] | None, scaler: str | None,
+                feature_columns: list[str]) -> tuple[list[list[float]] | None, str | None]:
+    """How to give a model features scaled by ``scaler``: ``(feature_affine or None, preprocessor URI)``.
+
+    The splits are written with ``preprocessor_uri``'s scaler. Asking for that one (or for none)
+    changes nothing; asking for another maps the features with the preprocess manifest's variant
+    of it (fitted on the same training statistics), and that variant is the model's preprocessor.
+    """
+    if scaler is None:
+        return None, preprocessor_uri
+    if preprocessor_uri is None:
+        raise SpecError(f"scaler {scaler!r} asked for, but no preprocessor_uri says how the splits were scaled")
+    written = Preprocessor.load(preprocessor_uri)
+    if scaler == written.scaler:
+        return None, preprocessor_uri
+    uri = (variants or {}).get(scaler)
+    if uri is None:
+        raise SpecError(
+            f"the config asks for scaler {scaler!r}, but the splits were written with {written.scaler!r} and the "
+            f"preprocess manifest lists no {scaler!r} variant (preprocessor_variants: {sorted(variants or {})}); "
+            f"rerun the preprocess stage (it writes every scaler's variant) or ask for scaler {written.scaler!r}"
+        )
+    multiply, add = feature_affine(written, Preprocessor.load(uri), list(feature_columns))
+    return [multiply.tolist(), add.tolist()], uri

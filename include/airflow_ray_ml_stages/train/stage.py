@@ -1,0 +1,141 @@
+"""The ``train`` stage's entry: :func:`run_training` (``python -m airflow_ray_ml_stages.train --spec '<json>'``).
+
+It right-sizes the run (:mod:`airflow_ray_ml_stages.train.sizing`), then runs the family's loop
+(:mod:`airflow_ray_ml_stages.train.loops`) in the job's own process or on Ray Train workers, and finishes with
+the metrics and the model card (:mod:`airflow_ray_ml_stages.train.model_card`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS
+from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
+from airflow_ray_ml_stages.stage import run_stage
+from airflow_ray_ml_stages.train.contexts import InProcessTrainContext
+from airflow_ray_ml_stages.train.loops import lightning_train_loop, xgboost_train_loop
+from airflow_ray_ml_stages.train.model_card import finish
+from airflow_ray_ml_stages.train.run_dir import run_name, storage_path
+from airflow_ray_ml_stages.train.sizing import gpu_placement_available, plan_workers
+from airflow_ray_ml_stages.train.splits import SPLITS, ParquetSplit, label_stats, scaler_plan
+
+log = logging.getLogger("airflow_ray_ml_stages.train")
+
+
+def run_training(spec: TrainSpec) -> TrainResult:
+    """Train the spec's model family on the connected Ray cluster and write its model directory."""
+    started = time.monotonic()
+    config = spec.resolved_config()
+    family = config["family"]
+    compute = ComputeSpec.from_dict(spec.compute)
+    columns = [*spec.feature_columns, spec.label_column]
+    train_rows, label_mean = label_stats(spec.train_uri, spec.label_column, columns)
+    other_rows = sum(ParquetSplit(uri, columns).num_rows for uri in (spec.validation_uri, spec.test_uri))
+    num_workers, sizing_reason = plan_workers(spec, compute, train_rows, (train_rows + other_rows) * len(columns) * 8)
+    log.info("right-sizing: %s", sizing_reason)
+    affine, preprocessor_uri = scaler_plan(spec.preprocessor_uri, spec.preprocessor_variants, spec.scaler,
+                                           spec.feature_columns)
+    if affine:
+        log.info("scaler %r: features mapped from the written splits with the variant %s", spec.scaler, preprocessor_uri)
+    data_loading = spec.data_loading
+    if data_loading == "auto":
+        data_loading = "ray_data" if num_workers and train_rows >= spec.scale_out_min_rows else "direct"
+    model_dir = artifacts.join(spec.artifact_dir, spec.model_subdir)
+    uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
+    if num_workers == 0 and not compute.use_gpu and data_loading == "direct":
+        # Train's local mode runs the loop in this process anyway: run it without Ray Train, so
+        # the job neither connects to Ray nor imports Ray Train (most of a wine-scale run's time).
+        artifacts.makedirs(model_dir)
+        loop_config = {
+            "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
+            "label_mean": label_mean, "seed": spec.seed, "use_gpu": False, "local_mode": True,
+            "threads": max(1, int(compute.cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
+            "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "uris": uris, "data_loading": data_loading,
+            "feature_affine": affine,
+        }
+        log.info("training %s on CPU in the job's process (Train's local mode without Ray Train), data: direct",
+                 family)
+        fit_started = time.monotonic()
+        loop = lightning_train_loop if family == "lightning" else xgboost_train_loop
+        loop(loop_config, InProcessTrainContext())
+        return finish(spec, config, compute, loop_config, label_mean, train_rows, started, preprocessor_uri,
+                       fit_s=time.monotonic() - fit_started, runner="in_process", num_workers=0,
+                       sizing_reason=sizing_reason, use_gpu=False, gpus_per_worker=0, fallback_reason=None)
+    import ray
+    import ray.data
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+
+    # The operator's job sets Train's report interval (JOB_ENV_VARS); run any other way, set it here
+    # so that every report does not wait ~2 s for the controller's poll.
+    missing_env = {key: value for key, value in JOB_ENV_VARS.items() if key not in os.environ}
+    ray.init(address="auto", logging_level=logging.WARNING,
+             runtime_env={"env_vars": missing_env} if missing_env else None)
+    use_gpu, gpus_per_worker, fallback_reason = compute.use_gpu, compute.gpus_per_worker, None
+    cpus_per_worker = compute.cpus_per_worker
+    if use_gpu:
+        workers = max(1, num_workers)
+        waited = time.monotonic()
+        if gpu_placement_available(workers, cpus_per_worker, gpus_per_worker, spec.gpu_placement_timeout_s):
+            num_workers = workers  # local mode has no GPU of its own: GPU training runs in workers
+        else:
+            use_gpu, gpus_per_worker = False, 0
+            fallback_reason = (
+                f"no placement for {workers} worker(s) x {compute.gpus_per_worker:g} GPU + "
+                f"{cpus_per_worker:g} CPU within gpu_placement_timeout_s={spec.gpu_placement_timeout_s:g} s "
+                f"(waited {time.monotonic() - waited:.1f} s); training on CPU instead"
+            )
+            log.warning("GPU fallback: %s", fallback_reason)
+    local_mode = num_workers == 0
+
+    artifacts.makedirs(model_dir)
+    loop_config = {
+        "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
+        "label_mean": label_mean, "seed": spec.seed, "use_gpu": use_gpu, "local_mode": local_mode,
+        "threads": max(1, int(cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
+        "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "feature_affine": affine,
+    }
+    loop_config.update(uris=uris, data_loading=data_loading)
+    datasets = None
+    if data_loading == "ray_data":
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True  # the same rows in the same order: same metrics
+        context.enable_progress_bars = False
+        datasets = {name: ray.data.read_parquet(uri, columns=columns) for name, uri in uris.items()}
+    resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if use_gpu else {})}
+    common = dict(
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                     resources_per_worker=None if local_mode else resources,
+                                     placement_strategy=spec.placement_strategy),
+        run_config=RunConfig(
+            name=run_name(spec.artifact_dir), storage_path=storage_path(spec.artifact_dir),
+            failure_config=FailureConfig(max_failures=spec.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+        datasets=datasets,
+        dataset_config=DataConfig(datasets_to_split=["train"]) if datasets else None,
+    )
+    log.info("training %s on %s: %s worker(s) x %s (local mode: %s, data: %s), run %s", family,
+             "GPU" if use_gpu else "CPU", num_workers, resources, local_mode, data_loading,
+             run_name(spec.artifact_dir))
+    if family == "lightning":
+        from ray.train.torch import TorchTrainer
+
+        trainer = TorchTrainer(lightning_train_loop, **common)
+    else:
+        from ray.train.xgboost import XGBoostTrainer
+
+        trainer = XGBoostTrainer(xgboost_train_loop, **common)
+    fit_started = time.monotonic()
+    trainer.fit()
+    return finish(spec, config, compute, loop_config, label_mean, train_rows, started, preprocessor_uri,
+                   fit_s=time.monotonic() - fit_started, runner="ray_train", num_workers=num_workers,
+                   sizing_reason=sizing_reason, use_gpu=use_gpu, gpus_per_worker=gpus_per_worker,
+                   fallback_reason=fallback_reason)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(TrainSpec, run_training, argv)

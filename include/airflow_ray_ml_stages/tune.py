@@ -1,0 +1,417 @@
+"""Stage ``tune``: search model family x scaler x hyperparameters with Ray Tune, and rank every trial.
+
+Run as ``python -m airflow_ray_ml_stages.tune --spec '<json>'`` (a Ray job). The stage
+
+1. checks the data and the search space (:mod:`airflow_ray_ml_stages.search_space`), and works out, once, how each
+   scaler in the space maps the written splits (an affine map per feature from the preprocess
+   manifest's variants: trials never refit a preprocessor);
+2. runs ``Tuner`` over a function trainable: each trial runs in its own actor with the compute
+   spec's per-trial resources, trains with the train stage's own loops (``airflow_ray_ml_stages.train``) on the
+   preprocessed training split, and reports its validation metrics ``reports_per_trial`` times
+   over its budget with ``ray.tune.report``; ASHA (default) stops poor trials at those reports;
+3. scores each completed trial's final model on the validation split exactly as the train stage
+   does (so RayTrain given the best config reproduces it), records failed and early-stopped trials
+   too, and writes the leaderboard (JSON and CSV), a plot, and the best trial's model directory.
+
+The test split is not read: choosing never sees it.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS
+from airflow_ray_ml_stages.errors import TuneError
+from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.models import MODEL_CARD, PREPROCESSOR
+from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
+from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
+from airflow_ray_ml_stages.stage import main_of, run_stage
+from airflow_ray_ml_stages.train.config import resolve_train_config
+
+log = logging.getLogger("airflow_ray_ml_stages.tune")
+
+TRIALS_DIR = "trials"
+TUNE_RUNS_DIR = "tune_runs"
+LEADERBOARD_JSON = "leaderboard.json"
+LEADERBOARD_CSV = "leaderboard.csv"
+PLOT = "leaderboard.png"
+METRICS = ("val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0")
+COMPLETED, EARLY_STOPPED, FAILED = "COMPLETED", "EARLY_STOPPED", "FAILED"
+
+
+# -- a trial (runs in its own Ray Tune actor) --------------------------------------------------
+
+
+def trial_dir(artifact_dir: str, trial_id: str) -> str:
+    return artifacts.join(artifact_dir, TRIALS_DIR, trial_id)
+
+
+def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
+    """Train one sampled config with the train stage's loop and report to Ray Tune.
+
+    ``base`` holds what every trial shares (URIs, columns, label mean, the scalers' feature maps,
+    seed, threads); the trial writes into ``<artifact_dir>/trials/<trial_id>/``.
+    """
+    from ray import tune
+
+    from airflow_ray_ml_stages.train.loops import lightning_train_loop, tune_report, xgboost_train_loop
+
+    space = SearchSpace(base["search_space"])
+    config = space.decode(sampled)
+    trial_id = tune.get_context().get_trial_id()
+    directory = trial_dir(base["artifact_dir"], trial_id)
+    artifacts.write_json_atomic(artifacts.join(directory, "config.json"), config)
+    resolved = resolve_train_config(config)  # a bad combination fails this trial, not the search
+    family = resolved["family"]
+    scaling = base["scalers"].get(config.get("scaler") or "", {"affine": None, "preprocessor_uri": base["preprocessor_uri"]})
+    budget = int(resolved[BUDGET_KEYS[family]])
+    cfg = {
+        "config": resolved, "feature_columns": base["feature_columns"], "label_column": base["label_column"],
+        "label_mean": base["label_mean"], "seed": base["seed"], "use_gpu": base["use_gpu"], "local_mode": True,
+        "threads": base["threads"], "checkpoint_every": max(1, math.ceil(budget / base["reports_per_trial"])),
+        "artifact_dir": directory, "model_dir": artifacts.join(directory, "model"),
+        "feature_affine": scaling["affine"], "uris": base["uris"], "data_loading": "direct", "session": "tune",
+    }
+    (lightning_train_loop if family == "lightning" else xgboost_train_loop)(cfg)
+    labels, predictions = read_validation(directory)
+    metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
+    model_dir = cfg["model_dir"]
+    if scaling["preprocessor_uri"]:
+        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR),
+                                     artifacts.read_bytes(scaling["preprocessor_uri"]))
+    artifacts.write_json_atomic(artifacts.join(model_dir, MODEL_CARD), {
+        "family": family, "feature_columns": base["feature_columns"], "label_column": base["label_column"],
+        "config": {**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
+        "metrics": {"validation": {name[4:]: value for name, value in metrics.items()}},
+        "trial_id": trial_id, "seed": base["seed"], "data_fingerprint": base["data_fingerprint"],
+        "preprocessor": PREPROCESSOR if scaling["preprocessor_uri"] else None,
+    })
+    # The final model's metrics last: the searcher learns what RayTrain would reproduce.
+    tune_report({"final": True}, labels, predictions)
+
+
+def read_validation(directory: str) -> tuple[np.ndarray, np.ndarray]:
+    data = artifacts.read_bytes(artifacts.join(directory, "evaluation", "validation.npz"))
+    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        return arrays["y_true"], arrays["y_pred"]
+
+
+# -- the leaderboard ---------------------------------------------------------------------------
+
+
+def _error_text(error: BaseException | None) -> str | None:
+    """The root cause of a trial's error, in one line (Ray wraps it in its own exceptions)."""
+    if error is None:
+        return None
+    cause = error
+    for _ in range(5):
+        inner = getattr(cause, "cause", None) or cause.__cause__
+        if inner is None or inner is cause:
+            break
+        cause = inner
+    text = str(cause).strip().splitlines()
+    lines = [line.strip() for line in text if line.strip()]
+    # A RayTaskError's text is a traceback whose last line is the original "Type: message".
+    message = lines[-1] if lines else type(cause).__name__
+    if type(cause).__name__ not in message:
+        message = f"{type(cause).__name__}: {message}"
+    return message[:500]
+
+
+def sort_rows(rows: list[dict[str, Any]], metric: str, mode: str) -> list[dict[str, Any]]:
+    """Best first: completed trials by the metric, then early-stopped ones by their last report, then failed."""
+    def key(row: dict[str, Any]):
+        value = (row["metrics"] or {}).get(metric)
+        group = {COMPLETED: 0, EARLY_STOPPED: 1, FAILED: 3}[row["status"]]
+        if value is None and group < 3:
+            group = 2
+        signed = 0.0 if value is None else (value if mode == "min" else -value)
+        return group, signed, row["trial_id"]
+
+    ranked = sorted(rows, key=key)
+    for rank, row in enumerate(ranked, start=1):
+        row["rank"] = rank
+    return ranked
+
+
+def leaderboard_csv(rows: list[dict[str, Any]]) -> str:
+    """The leaderboard flattened: one column per metric and per hyperparameter (``config.<name>``)."""
+    names = sorted({name for row in rows for name in row["config"] if name not in ("family", "scaler")})
+    header = ["rank", "trial_id", "status", "family", "scaler", *METRICS, "iterations", "time_s",
+              *(f"config.{name}" for name in names), "error"]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        metrics = row["metrics"] or {}
+        writer.writerow([row["rank"], row["trial_id"], row["status"], row["family"], row["scaler"] or "",
+                         *("" if metrics.get(m) is None else repr(metrics[m]) for m in METRICS),
+                         row["iterations"], row["time_s"],
+                         *("" if name not in row["config"] else _cell(row["config"][name]) for name in names),
+                         row["error"] or ""])
+    return buffer.getvalue()
+
+
+def _cell(value: Any) -> str:
+    import json
+
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def plot_leaderboard(rows: list[dict[str, Any]], histories: dict[str, list[tuple[float, float]]],
+                     metric: str, mode: str, title: str) -> bytes:
+    """PNG: each trial's reported metric over time, its end marked by status, and the best-so-far line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"lightning": "tab:blue", "xgboost": "tab:orange"}
+    markers = {COMPLETED: "o", EARLY_STOPPED: "x", FAILED: "v"}
+    figure, axes = plt.subplots(figsize=(9, 5), dpi=100)
+    try:
+        for row in rows:
+            history = histories.get(row["trial_id"]) or []
+            if not history:
+                continue
+            times, values = zip(*history)
+            colour = colours.get(row["family"], "tab:gray")
+            axes.plot(times, values, color=colour, alpha=0.35, linewidth=1)
+            axes.plot(times[-1], values[-1], marker=markers[row["status"]], color=colour, linestyle="none")
+        finished = sorted((row["end_s"], row["metrics"][metric]) for row in rows
+                          if row["status"] == COMPLETED and row["end_s"] is not None)
+        if finished:
+            best, steps = None, []
+            for when, value in finished:
+                if best is None or (value < best if mode == "min" else value > best):
+                    best = value
+                steps.append((when, best))
+            last = max(time for history in histories.values() for time, _ in history) if any(histories.values()) else 0
+            steps.append((max(last, steps[-1][0]), steps[-1][1]))
+            axes.step(*zip(*steps), where="post", color="black", linewidth=2, label="best so far (completed)")
+        for family, colour in colours.items():
+            axes.plot([], [], color=colour, label=family)
+        for status, marker in markers.items():
+            axes.plot([], [], marker=marker, color="gray", linestyle="none", label=status.lower().replace("_", " "))
+        axes.set_xlabel("seconds since the search started")
+        axes.set_ylabel(f"{metric} (validation)")
+        axes.set_title(title)
+        axes.grid(alpha=0.3)
+        axes.legend(loc="best", fontsize=8)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", bbox_inches="tight")
+        return buffer.getvalue()
+    finally:
+        plt.close(figure)
+
+
+# -- the driver (the Ray job's process) --------------------------------------------------------
+
+
+def run_name(artifact_dir: str) -> str:
+    """A fresh Tune run name per attempt: a retried task searches again rather than mixing runs."""
+    return f"tune-{hashlib.sha1(artifact_dir.encode('utf-8')).hexdigest()[:12]}-{uuid.uuid4().hex[:6]}"
+
+
+def _storage_path(artifact_dir: str) -> str:
+    uri = artifacts.join(artifact_dir, TUNE_RUNS_DIR)
+    return uri if artifacts.is_remote(uri) else artifacts.resolve(uri)[1]
+
+
+def _searcher(spec: TuneSpec):
+    if spec.searcher == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        return OptunaSearch(seed=spec.seed)  # TPE; metric and mode come from TuneConfig
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    return BasicVariantGenerator(random_state=spec.seed)
+
+
+def _scheduler(spec: TuneSpec):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if spec.scheduler == "none":
+        return FIFOScheduler()
+    # Rungs count reports; a trial makes at most reports_per_trial + 1 (the final model's), so
+    # ASHA never cuts a trial for reaching max_t: it ends by itself and writes its model.
+    return ASHAScheduler(time_attr="training_iteration", max_t=spec.reports_per_trial + 1,
+                         grace_period=spec.asha_grace_period, reduction_factor=spec.asha_reduction_factor)
+
+
+def _resources(spec: TuneSpec, compute: ComputeSpec) -> tuple[dict[str, float], str | None]:
+    """Per-trial resources from the compute spec; CPU when the cluster has no GPU to give (and why)."""
+    import ray
+
+    cpus = float(spec.cpus_per_trial or compute.cpus_per_worker)
+    if not compute.use_gpu:
+        return {"cpu": cpus, "gpu": 0.0}, None
+    available = ray.cluster_resources().get("GPU", 0)
+    if available < compute.gpus_per_worker:
+        return {"cpu": cpus, "gpu": 0.0}, (
+            f"the compute spec asks for {compute.gpus_per_worker:g} GPU per trial but the cluster has {available:g}; "
+            "tuning on CPU instead"
+        )
+    return {"cpu": cpus, "gpu": float(compute.gpus_per_worker)}, None
+
+
+def run_tuning(spec: TuneSpec) -> TuneResult:
+    """Run the search on the connected Ray cluster and write the leaderboard, plot and best model."""
+    import ray
+    from ray import tune
+
+    from airflow_ray_ml_stages.train.splits import ParquetSplit, label_stats, scaler_plan
+
+    started_wall, started = time.time(), time.monotonic()
+    space = spec.space()
+    columns = [*spec.feature_columns, spec.label_column]
+    train_rows, label_mean = label_stats(spec.train_uri, spec.label_column, columns)
+    ParquetSplit(spec.validation_uri, columns)
+    scalers = {}
+    for scaler in space.scalers:
+        if scaler is not None:
+            affine, uri = scaler_plan(spec.preprocessor_uri, spec.preprocessor_variants, scaler, spec.feature_columns)
+            scalers[scaler] = {"affine": affine, "preprocessor_uri": uri}
+    compute = ComputeSpec.from_dict(spec.compute)
+
+    missing_env = {key: value for key, value in JOB_ENV_VARS.items() if key not in os.environ}
+    ray.init(address="auto", logging_level=logging.WARNING,
+             runtime_env={"env_vars": missing_env} if missing_env else None)
+    resources, fallback = _resources(spec, compute)
+    if fallback:
+        log.warning("GPU fallback: %s", fallback)
+    base = {
+        "search_space": space.raw, "artifact_dir": spec.artifact_dir, "feature_columns": list(spec.feature_columns),
+        "label_column": spec.label_column, "label_mean": label_mean, "seed": spec.seed,
+        "use_gpu": resources["gpu"] > 0, "threads": max(1, int(resources["cpu"])),
+        "reports_per_trial": spec.reports_per_trial, "scalers": scalers, "preprocessor_uri": spec.preprocessor_uri,
+        "uris": {"train": spec.train_uri, "validation": spec.validation_uri},
+        "data_fingerprint": spec.data_fingerprint,
+    }
+    name = run_name(spec.artifact_dir)
+    log.info("tuning: %d sample(s), searcher %s, scheduler %s, %s per trial, at most %s at once, %d training rows; "
+             "run %s", spec.num_samples, spec.searcher, spec.scheduler, resources,
+             spec.max_concurrent_trials or "as resources allow", train_rows, name)
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(run_trial, base=base), resources),
+        param_space=space.to_ray(),
+        tune_config=tune.TuneConfig(
+            metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+            max_concurrent_trials=spec.max_concurrent_trials, search_alg=_searcher(spec),
+            scheduler=_scheduler(spec), time_budget_s=spec.time_budget_s, reuse_actors=spec.reuse_actors,
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=_storage_path(spec.artifact_dir), verbose=1,
+            failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+        ),
+    )
+    results = tuner.fit()
+    rows, histories = collect_rows(results, space, spec, started_wall)
+    rows = sort_rows(rows, spec.metric, spec.mode)
+    counts = {"total": len(rows), "completed": sum(r["status"] == COMPLETED for r in rows),
+              "failed": sum(r["status"] == FAILED for r in rows),
+              "early_stopped": sum(r["status"] == EARLY_STOPPED for r in rows)}
+
+    json_uri = artifacts.join(spec.artifact_dir, LEADERBOARD_JSON)
+    csv_uri = artifacts.join(spec.artifact_dir, LEADERBOARD_CSV)
+    plot_uri = artifacts.join(spec.artifact_dir, PLOT)
+    public = [{key: value for key, value in row.items() if key != "end_s"} for row in rows]
+    artifacts.write_json_atomic(json_uri, public)
+    artifacts.write_bytes_atomic(csv_uri, leaderboard_csv(rows).encode("utf-8"))
+    title = (f"{counts['total']} trials ({counts['completed']} completed, {counts['early_stopped']} stopped early, "
+             f"{counts['failed']} failed): {spec.searcher} search, scheduler {spec.scheduler}")
+    artifacts.write_bytes_atomic(plot_uri, plot_leaderboard(rows, histories, spec.metric, spec.mode, title))
+    log.info("leaderboard: %s", json_uri)
+    for row in rows[:10]:
+        log.info("  #%d %s %s/%s %s %s=%s (%s iterations, %.1f s)%s", row["rank"], row["trial_id"], row["family"],
+                 row["scaler"], row["status"], spec.metric, (row["metrics"] or {}).get(spec.metric),
+                 row["iterations"], row["time_s"], f" error: {row['error']}" if row["error"] else "")
+
+    if not counts["completed"]:
+        first_error = next((row for row in rows if row["error"]), None)
+        reason = (f"first error (trial {first_error['trial_id']}, {first_error['family']}): {first_error['error']}"
+                  if first_error else "every trial was stopped before it finished (time_budget_s or the scheduler)")
+        raise TuneError(
+            f"no trial completed: {counts['total']} trial(s), {counts['failed']} failed, "
+            f"{counts['early_stopped']} stopped early; {reason}. Fix the search space or the data (every trial is "
+            f"listed in {json_uri}), or raise time_budget_s"
+        )
+    best = rows[0]
+    return TuneResult(
+        best_config=best["config"], best_trial_id=best["trial_id"], metric=spec.metric, mode=spec.mode,
+        best_metric=best["metrics"][spec.metric], best_metrics=best["metrics"],
+        best_checkpoint_uri=artifacts.join(trial_dir(spec.artifact_dir, best["trial_id"]), "model"),
+        leaderboard_json_uri=json_uri, leaderboard_csv_uri=csv_uri, plot_uri=plot_uri, trials=counts,
+        searcher=spec.searcher, scheduler=spec.scheduler, time_s=round(time.monotonic() - started, 3),
+        search_space=space.raw, resources_per_trial={**resources, "gpu_fallback_reason": fallback} if fallback else resources,
+        data_fingerprint=spec.data_fingerprint,
+    )
+
+
+def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: float):
+    """One leaderboard row per trial from Tune's results and the trial's own directory."""
+    rows, histories = [], {}
+    for result in results:
+        last = result.metrics or {}
+        trial_id = last.get("trial_id") or os.path.basename(str(result.path or "")).split("_")[-1]
+        try:
+            sampled = space.decode(result.config)
+            config = {**resolve_train_config(sampled), **({"scaler": sampled["scaler"]} if "scaler" in sampled else {})}
+        except Exception:  # a config training rejects: show it as sampled (the trial failed on it)
+            try:
+                config = space.decode(result.config)
+            except (KeyError, IndexError, ValueError, TypeError):
+                config = dict(result.config or {})
+        directory = trial_dir(spec.artifact_dir, trial_id)
+        error = _error_text(result.error)
+        reported = last.get("training_iteration") is not None
+        if error:
+            status = FAILED
+        elif artifacts.exists(artifacts.join(directory, "model", MODEL_CARD)):
+            status = COMPLETED
+        else:
+            status = EARLY_STOPPED
+            if not reported:
+                error = "stopped before its first report (time_budget_s reached)"
+        metrics = None
+        if status == COMPLETED:
+            labels, predictions = read_validation(directory)
+            metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
+        elif reported and all(name in last for name in METRICS):
+            metrics = {name: float(last[name]) for name in METRICS}
+        frame = result.metrics_dataframe
+        history: list[tuple[float, float]] = []
+        clock = "reported_at" if frame is not None and "reported_at" in frame else "timestamp"
+        if frame is not None and len(frame) and spec.metric in frame and clock in frame:
+            history = [(float(t) - started_wall, float(v)) for t, v in zip(frame[clock], frame[spec.metric])
+                       if v == v and t == t]
+        histories[trial_id] = history
+        rows.append({
+            "rank": 0, "trial_id": trial_id, "family": config.get("family"), "scaler": config.get("scaler"),
+            "config": config, "metrics": metrics, "status": status,
+            "iterations": int(last.get("training_iteration") or 0),
+            "time_s": round(float(last.get("time_total_s") or 0.0), 3), "error": error,
+            "end_s": history[-1][0] if history else None,
+        })
+    return rows, histories
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(TuneSpec, run_tuning, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main_of(__spec__.name))
