@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -184,7 +185,9 @@ def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
     top_level = {path.split("/")[0].removesuffix(".py") for path in paths
                  if not path.split("/")[0].endswith((".dist-info", ".data"))}
     assert top_level == SHIPPED_TOP_LEVEL
-    in_wheel = {path.removeprefix("include/") for path in _package_data(dists["source"])}
+    # where each source file lands: include/<pkg>/... -> <pkg>/..., operators/... -> airflow_ray_ml/...
+    in_wheel = {re.sub(f"^{AIRFLOW_FOLDER}/", f"{AIRFLOW_PACKAGE}/", path.removeprefix("include/"))
+                for path in _package_data(dists["source"])}
     assert in_wheel <= set(paths), sorted(in_wheel - set(paths))
     assert script_mode & 0o111
     assert f"{info_dir}/licenses/LICENSE" in paths
