@@ -81,13 +81,9 @@ def coerce_value(value: Any, hint: Any, where: str) -> Any:
     return value
 
 
-def spec_hints(spec_type: type) -> dict[str, Any]:
-    return typing.get_type_hints(spec_type)
-
-
 def coerce_spec(spec_type: type, values: dict[str, Any]) -> dict[str, Any]:
     """Each value of a spec dict coerced to its field's type (unknown fields are left for validation)."""
-    hints = spec_hints(spec_type)
+    hints = typing.get_type_hints(spec_type)
     return {name: coerce_value(value, hints[name], f"{spec_type.__name__}.{name}") if name in hints else value
             for name, value in values.items()}
 
