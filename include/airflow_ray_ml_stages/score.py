@@ -26,7 +26,7 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import DataSourceError
-from airflow_ray_ml_stages.models import MODEL_CARD
+from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.specs import ScoreResult, ScoreSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
 from airflow_ray_ml_stages.tables import PARQUET_SUFFIXES, colour_from_name, detect_delimiter
@@ -157,13 +157,9 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     import ray
     import ray.data
 
-    card_uri = artifacts.join(spec.model_dir, MODEL_CARD)
-    if not artifacts.exists(card_uri):
-        raise DataSourceError(f"{spec.model_dir!r} is not a model directory (no {MODEL_CARD}); pass the "
-                              "model_dir of a train task's XCom or of the served model")
-    card = artifacts.read_json(card_uri)
-    version = str(card.get("model_version") or "unknown")
-    prediction_column = spec.prediction_column or f"predicted_{card.get('label_column', 'label')}"
+    card = ModelCard.read(spec.model_dir)
+    version = card.model_version or "unknown"
+    prediction_column = spec.prediction_column or f"predicted_{card.label_column}"
     files = _input_files(spec.input_uri)
     output_format = _format_of(files)
 

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from airflow_ray_ml_stages.model_card import ModelCard
+
 APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"
 DEPLOYMENT_NAME = "ModelServer"
 MAX_INSTANCES = 1024
@@ -45,7 +47,7 @@ class LoadedModel:
 
     model: Any
     preprocessor: Any
-    card: dict[str, Any]
+    card: ModelCard
 
     @classmethod
     def load(cls, model_dir: str) -> "LoadedModel":
@@ -59,7 +61,7 @@ class LoadedModel:
 
     @property
     def version(self) -> str:
-        return str(self.card.get("model_version", ""))
+        return self.card.model_version or ""
 
     @property
     def input_columns(self) -> list[str]:
@@ -75,7 +77,7 @@ class LoadedModel:
 
     def metadata(self) -> dict[str, Any]:
         keys = ("model_version", "family", "metrics", "trained_at", "label_column", "data_fingerprint", "config")
-        return {**{key: self.card.get(key) for key in keys}, "schema": self.schema()}
+        return {**{key: getattr(self.card, key) for key in keys}, "schema": self.schema()}
 
     def validate(self, instances: list[Any]) -> tuple[pd.DataFrame | None, list[dict[str, Any]]]:
         """Check raw rows against the schema; return the frame or the field-level errors."""
@@ -113,7 +115,7 @@ class LoadedModel:
         return pd.DataFrame(rows, columns=columns), []
 
     def predict_frame(self, frame: pd.DataFrame) -> np.ndarray:
-        features = self.preprocessor.transform(frame)[self.card["feature_columns"]]
+        features = self.preprocessor.transform(frame)[self.card.feature_columns]
         return np.asarray(self.model.predict(features.to_numpy(dtype="float32")), dtype="float64").reshape(-1)
 
 

@@ -35,7 +35,8 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS
 from airflow_ray_ml_stages.errors import TuneError
 from airflow_ray_ml_stages.metrics import regression_metrics
-from airflow_ray_ml_stages.models import MODEL_CARD, PREPROCESSOR
+from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
+from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
@@ -67,6 +68,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     """
     from ray import tune
 
+    from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
     from airflow_ray_ml_stages.train.loops import lightning_train_loop, tune_report, xgboost_train_loop
 
     space = SearchSpace(base["search_space"])
@@ -78,27 +80,27 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     family = resolved["family"]
     scaling = base["scalers"].get(config.get("scaler") or "", {"affine": None, "preprocessor_uri": base["preprocessor_uri"]})
     budget = int(resolved[BUDGET_KEYS[family]])
-    cfg = {
-        "config": resolved, "feature_columns": base["feature_columns"], "label_column": base["label_column"],
-        "label_mean": base["label_mean"], "seed": base["seed"], "use_gpu": base["use_gpu"], "local_mode": True,
-        "threads": base["threads"], "checkpoint_every": max(1, math.ceil(budget / base["reports_per_trial"])),
-        "artifact_dir": directory, "model_dir": artifacts.join(directory, "model"),
-        "feature_affine": scaling["affine"], "uris": base["uris"], "data_loading": "direct", "session": "tune",
-    }
+    cfg = TrainLoopConfig(
+        config=resolved, feature_columns=base["feature_columns"], label_column=base["label_column"],
+        label_mean=base["label_mean"], seed=base["seed"], use_gpu=base["use_gpu"], local_mode=True,
+        threads=base["threads"], checkpoint_every=max(1, math.ceil(budget / base["reports_per_trial"])),
+        artifact_dir=directory, model_dir=artifacts.join(directory, "model"),
+        feature_affine=scaling["affine"], uris=base["uris"], data_loading="direct", session="tune",
+    )
     (lightning_train_loop if family == "lightning" else xgboost_train_loop)(cfg)
     labels, predictions = read_validation(directory)
     metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
-    model_dir = cfg["model_dir"]
+    model_dir = cfg.model_dir
     if scaling["preprocessor_uri"]:
         artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR),
                                      artifacts.read_bytes(scaling["preprocessor_uri"]))
-    artifacts.write_json_atomic(artifacts.join(model_dir, MODEL_CARD), {
-        "family": family, "feature_columns": base["feature_columns"], "label_column": base["label_column"],
-        "config": {**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
-        "metrics": {"validation": {name[4:]: value for name, value in metrics.items()}},
-        "trial_id": trial_id, "seed": base["seed"], "data_fingerprint": base["data_fingerprint"],
-        "preprocessor": PREPROCESSOR if scaling["preprocessor_uri"] else None,
-    })
+    ModelCard(
+        family=family, feature_columns=base["feature_columns"], label_column=base["label_column"],
+        config={**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
+        metrics={"validation": {name[4:]: value for name, value in metrics.items()}},
+        seed=base["seed"], data_fingerprint=base["data_fingerprint"],
+        preprocessor=PREPROCESSOR if scaling["preprocessor_uri"] else None, trial_id=trial_id,
+    ).write(model_dir)
     # The final model's metrics last: the searcher learns what RayTrain would reproduce.
     tune_report({"final": True}, labels, predictions)
 

@@ -33,6 +33,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.model_card import ModelCard
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +153,14 @@ def _served_app(name: str, app: dict[str, Any], serve_url: str, dashboard_url: s
     )
     if served.model_dir:
         try:
-            card = artifacts.read_json(artifacts.join(served.model_dir, "model_card.json"))
+            card = ModelCard.read(served.model_dir)
         except Exception as err:  # a missing or unreadable card is shown, not raised
             served.card_error = f"model card not readable: {err}"
         else:
-            served.family = card.get("family")
-            served.trained_at = card.get("trained_at")
-            served.version = served.version or card.get("model_version")
-            test = (card.get("metrics") or {}).get("test") or {}
+            served.family = card.family
+            served.trained_at = card.trained_at
+            served.version = served.version or card.model_version
+            test = card.metrics.get("test") or {}
             served.test_metrics = {k: test[k] for k in CARD_METRICS if isinstance(test.get(k), (int, float))}
     return served
 

@@ -15,8 +15,10 @@ import pytest
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import ArtifactError, SpecError
 from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.models import load_model
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
+from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import run_name
 from airflow_ray_ml_stages.train.sizing import plan_workers
 
@@ -109,8 +111,9 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     assert result["training"]["runner"] == "in_process" and done_iterations == (20 if config["family"] == "xgboost" else 3)
     assert result["compute_used"]["local_mode"] is True and result["compute_used"]["num_workers"] == 0
     assert "plans one CPU worker" in result["compute_used"]["sizing_reason"]
-    card = json.loads((tmp_path / "train" / "model" / "model_card.json").read_text())
-    assert card["framework_versions"]["ray"] and card["metrics"] == result["metrics"]
+    card = ModelCard.read(str(tmp_path / "train" / "model"))
+    assert card.framework_versions["ray"] and card.metrics == result["metrics"]
+    assert card.model_version == result["model_version"] and card.training["runner"] == "in_process"
     assert result["metrics"]["test"]["rmse"] < result["baseline"]["test_rmse"]
     model = load_model(str(tmp_path / "train" / "model"))
     with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
@@ -132,7 +135,38 @@ def test_regression_metrics_count_tolerances_inclusively():
 
 
 def _card(family: str) -> dict:
-    return {"family": family, "feature_columns": ["x1", "x2", "x3"], "label_column": "quality"}
+    return {"family": family, "feature_columns": ["x1", "x2", "x3"], "label_column": "quality", "config": {},
+            "metrics": {"validation": {"rmse": 0.5}}, "seed": 0, "data_fingerprint": None, "preprocessor": None}
+
+
+def test_model_card_round_trips_and_drops_only_unset_optional_fields(tmp_path):
+    card = ModelCard.from_dict(_card("xgboost"))
+    card.write(str(tmp_path))
+    written = json.loads((tmp_path / "model_card.json").read_text())
+    assert written == _card("xgboost")  # preprocessor: null stays; model_version etc. (unset) are left out
+    assert ModelCard.read(str(tmp_path)) == card
+    newer = {**_card("xgboost"), "model_version": "xgboost-1", "written_by": "a later version"}
+    assert ModelCard.from_dict(newer).model_version == "xgboost-1"  # fields it does not know are ignored
+
+
+def test_model_card_without_a_needed_field_names_it(tmp_path):
+    card = {key: value for key, value in _card("lightning").items() if key != "label_column"}
+    artifacts.write_json_atomic(str(tmp_path / "model_card.json"), card)
+    with pytest.raises(ArtifactError, match=r"lacks field\(s\) \['label_column'\]"):
+        load_model(str(tmp_path))
+    with pytest.raises(ArtifactError, match="is not a model directory"):
+        ModelCard.read(str(tmp_path / "elsewhere"))
+
+
+def test_train_loop_config_crosses_ray_train_as_a_dict_and_rejects_wrong_keys():
+    config = TrainLoopConfig(config=resolve_train_config({"family": "xgboost", "num_boost_round": 50}),
+                             feature_columns=["x1"], label_column="y", label_mean=1.5, seed=0, use_gpu=False,
+                             local_mode=True, threads=1, checkpoint_every=None, artifact_dir="/a", model_dir="/a/m",
+                             uris={"train": "/d/t.parquet"}, data_loading="direct")
+    assert TrainLoopConfig.of(json.loads(json.dumps(config.to_dict()))) == config
+    assert config.checkpoint_interval() == 5  # a tenth of the rounds when checkpoint_every is unset
+    with pytest.raises(TypeError, match=r"missing \['seed'\], unknown \['sead'\]"):
+        TrainLoopConfig.of({**{k: v for k, v in config.to_dict().items() if k != "seed"}, "sead": 0})
 
 
 def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
@@ -152,7 +186,7 @@ def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
     with torch.inference_mode():
         expected = module(torch.from_numpy(features)).numpy()
     np.testing.assert_allclose(model.predict(features), expected, rtol=1e-6)
-    assert model.card["family"] == "lightning" and model.predict(features[0]).shape == (1,)
+    assert model.card.family == "lightning" and model.predict(features[0]).shape == (1,)
 
 
 def test_load_model_xgboost_ubj_predicts_like_the_booster(tmp_path):

@@ -63,7 +63,7 @@ def _assert_trained_well(manifest: dict, splits: dict, family: str) -> None:
     labels_inside, predictions_inside = _predictions_inside(manifest)
     np.testing.assert_array_equal(labels_inside, test_y)
     np.testing.assert_allclose(model.predict(test_x), predictions_inside, rtol=1e-5, atol=1e-5)
-    assert model.card["model_version"] == manifest["model_version"]
+    assert model.card.model_version == manifest["model_version"]
 
 
 @pytest.mark.integration

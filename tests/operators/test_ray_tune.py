@@ -76,7 +76,7 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
 
     # The best checkpoint is a model directory that predicts the metric the leaderboard shows.
     model = load_model(manifest["best_checkpoint_uri"])
-    assert model.card["config"]["scaler"] == manifest["best_config"]["scaler"]
+    assert model.card.config["scaler"] == manifest["best_config"]["scaler"]
     assert not list(Path(manifest["artifact_dir"]).rglob("test.npz"))  # the test split was never scored
 
     # RayTrain given the best config as is trains the same model: same validation metric.

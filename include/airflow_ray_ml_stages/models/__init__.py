@@ -1,6 +1,7 @@
 """Model definitions and the loader the Serve stage (or anyone) uses outside Ray.
 
-A model directory (written by the ``train`` stage) holds ``model_card.json``, the preprocessor JSON
+A model directory (written by the ``train`` stage) holds ``model_card.json``
+(:class:`~airflow_ray_ml_stages.model_card.ModelCard`), the preprocessor JSON
 when there is one, and the model in a format that loads without pickle:
 
 - ``lightning``: ``model.pt`` (a state_dict of tensors, loaded with ``weights_only=True``) and
@@ -20,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.errors import ArtifactError
+from airflow_ray_ml_stages.model_card import ModelCard
 
-MODEL_CARD = "model_card.json"
 PREPROCESSOR = "preprocessor.json"
 TORCH_WEIGHTS = "model.pt"
 TORCH_CONFIG = "model_config.json"
@@ -45,7 +45,7 @@ class LightningModel:
 
     family = "lightning"
 
-    def __init__(self, card: dict[str, Any], model_config: dict[str, Any], state_dict: dict) -> None:
+    def __init__(self, card: ModelCard, model_config: dict[str, Any], state_dict: dict) -> None:
         import torch
 
         from airflow_ray_ml_stages.models.mlp import MLPRegressor
@@ -69,15 +69,15 @@ class XGBoostModel:
 
     family = "xgboost"
 
-    def __init__(self, card: dict[str, Any], booster) -> None:
+    def __init__(self, card: ModelCard, booster) -> None:
         self.card = card
         self.booster = booster
 
     def predict(self, features: Any) -> np.ndarray:
         import xgboost
 
-        array = _as_features(features, len(self.card["feature_columns"]))
-        matrix = xgboost.DMatrix(array, feature_names=list(self.card["feature_columns"]))
+        array = _as_features(features, len(self.card.feature_columns))
+        matrix = xgboost.DMatrix(array, feature_names=list(self.card.feature_columns))
         return self.booster.predict(matrix).astype(np.float64)
 
 
@@ -98,12 +98,9 @@ def load_torch_state_dict(data: bytes) -> dict:
 
 def load_model(model_dir: str) -> LightningModel | XGBoostModel:
     """Load a model directory (local path or ``s3://``/``gs://`` URI) written by the train stage."""
-    card = artifacts.read_json(artifacts.join(model_dir, MODEL_CARD))
-    family = card.get("family")
-    if family == "lightning":
+    card = ModelCard.read(model_dir)
+    if card.family == "lightning":
         config = artifacts.read_json(artifacts.join(model_dir, TORCH_CONFIG))
         state = load_torch_state_dict(artifacts.read_bytes(artifacts.join(model_dir, TORCH_WEIGHTS)))
         return LightningModel(card, config, state)
-    if family == "xgboost":
-        return XGBoostModel(card, load_xgboost_booster(artifacts.read_bytes(artifacts.join(model_dir, XGBOOST_MODEL))))
-    raise ArtifactError(f"model card in {model_dir!r} names an unknown family {family!r}; expected lightning or xgboost")
+    return XGBoostModel(card, load_xgboost_booster(artifacts.read_bytes(artifacts.join(model_dir, XGBOOST_MODEL))))

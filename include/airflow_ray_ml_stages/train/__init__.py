@@ -21,10 +21,11 @@ Modules, in the order a run uses them:
 - :mod:`airflow_ray_ml_stages.train.config`: each family's hyperparameter defaults and their validation;
 - :mod:`airflow_ray_ml_stages.train.sizing`: right-sizing (workers, GPU placement);
 - :mod:`airflow_ray_ml_stages.train.splits`: reading the splits, and the map to another scaler;
+- :mod:`airflow_ray_ml_stages.train.loop_config`: what a loop is given (:class:`~airflow_ray_ml_stages.train.loop_config.TrainLoopConfig`);
 - :mod:`airflow_ray_ml_stages.train.contexts`: where a loop runs (Ray Train worker, Tune trial, the job's process);
 - :mod:`airflow_ray_ml_stages.train.loops`: the Lightning and XGBoost training loops;
 - :mod:`airflow_ray_ml_stages.train.run_dir`: the files a loop leaves for the driver, and the Ray Train run's name;
-- :mod:`airflow_ray_ml_stages.train.model_card`: metrics, baseline and the model card.
+- :mod:`airflow_ray_ml_stages.train.finish`: metrics, baseline and the model card.
 
 This ``__init__`` imports nothing, so importing one module loads only what that module needs:
 :mod:`airflow_ray_ml_stages.specs`, which the Airflow side imports, imports :mod:`airflow_ray_ml_stages.train.config`, and must

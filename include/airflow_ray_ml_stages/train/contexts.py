@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
+
 
 class InProcessTrainContext:
     """What the training loops ask of Ray Train, for a run in the job's own process without it.
@@ -70,7 +72,7 @@ class RayTrainContext:
 
 
 class TuneTrialContext(InProcessTrainContext):
-    """A training loop inside a Ray Tune trial (``cfg["session"] == "tune"``): rank 0 of 1, always a
+    """A training loop inside a Ray Tune trial (``cfg.session == "tune"``): rank 0 of 1, always a
     fresh start (a failed trial is recorded, not retried), reports go to Ray Tune, and the test
     split is never looked at: choosing must not see it."""
 
@@ -80,8 +82,8 @@ class TuneTrialContext(InProcessTrainContext):
         return ("validation",)
 
 
-def loop_context(cfg: dict[str, Any], context: Any):
+def loop_context(cfg: TrainLoopConfig, context: Any):
     """The context a training loop was given, else the one its place implies (Tune trial or Train worker)."""
     if context is not None:
         return context
-    return TuneTrialContext() if cfg.get("session") == "tune" else RayTrainContext()
+    return TuneTrialContext() if cfg.session == "tune" else RayTrainContext()

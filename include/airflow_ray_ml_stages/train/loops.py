@@ -19,6 +19,7 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.metrics import regression_metrics
 from airflow_ray_ml_stages.models import TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL
 from airflow_ray_ml_stages.train.contexts import RayTrainContext, loop_context
+from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import announce_worker, write_evaluation, write_final
 from airflow_ray_ml_stages.train.splits import split_arrays
 
@@ -32,19 +33,10 @@ def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarra
     tune.report({**metrics, **step, "reported_at": time.time()})
 
 
-def checkpoint_every(cfg: dict[str, Any]) -> int:
-    """Checkpoint (and report) every this many epochs or rounds: the spec's, else every epoch or a tenth of the rounds."""
-    if cfg["checkpoint_every"]:
-        return cfg["checkpoint_every"]
-    if cfg["config"]["family"] == "xgboost":
-        return max(1, cfg["config"]["num_boost_round"] // 10)
-    return 1
-
-
 # -- Lightning ---------------------------------------------------------------------------------
 
 
-def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
     """Lightning MLP with early stopping and checkpoints.
 
     Runs in Ray Train workers (``TorchTrainer`` with ``RayDDPStrategy``; ``context`` None) or, for a
@@ -57,13 +49,14 @@ def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
 
     from airflow_ray_ml_stages.models.mlp import lightning_module, model_config
 
+    cfg = TrainLoopConfig.of(cfg)  # Ray Train hands the workers its dict
     context = loop_context(cfg, context)
     in_ray_train = isinstance(context, RayTrainContext)
     rank, world_size = context.get_world_rank(), context.get_world_size()
     announce_worker(cfg, rank)
-    config, features, label, seed = cfg["config"], cfg["feature_columns"], cfg["label_column"], cfg["seed"]
+    config, features, label, seed = cfg.config, cfg.feature_columns, cfg.label_column, cfg.seed
     pl.seed_everything(seed, workers=True, verbose=False)
-    torch.set_num_threads(cfg["threads"])
+    torch.set_num_threads(cfg.threads)
 
     train_x, train_y = split_arrays(cfg, "train", rank, world_size)
     val_x, val_y = split_arrays(cfg, "validation")
@@ -72,9 +65,9 @@ def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
         batch_size=config["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed + rank),
     )
     val_loader = DataLoader(TensorDataset(torch.from_numpy(val_x), torch.from_numpy(val_y)), batch_size=4096)
-    module = lightning_module(config, len(features), cfg["label_mean"])
+    module = lightning_module(config, len(features), cfg.label_mean)
 
-    every = checkpoint_every(cfg)
+    every = cfg.checkpoint_interval()
     callbacks = []
     if in_ray_train:
         from ray.train.lightning import RayTrainReportCallback
@@ -105,12 +98,12 @@ def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
         callbacks.append(TuneReportEveryCallback())
     if config["patience"]:
         callbacks.append(EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
-    local_mode = cfg["local_mode"]
+    local_mode = cfg.local_mode
     if not local_mode:
         from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
     trainer = pl.Trainer(
         max_epochs=config["max_epochs"],
-        accelerator="gpu" if cfg["use_gpu"] else "cpu",
+        accelerator="gpu" if cfg.use_gpu else "cpu",
         devices="auto" if not local_mode else 1,
         strategy="auto" if local_mode else RayDDPStrategy(),
         plugins=None if local_mode else [RayLightningEnvironment()],
@@ -152,10 +145,10 @@ def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
                 write_evaluation(cfg, split, y, net(torch.from_numpy(x)).numpy())
         buffer = io.BytesIO()
         torch.save({name: tensor.detach().cpu().clone() for name, tensor in net.state_dict().items()}, buffer)
-        artifacts.write_bytes_atomic(artifacts.join(cfg["model_dir"], TORCH_WEIGHTS), buffer.getvalue())
+        artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, TORCH_WEIGHTS), buffer.getvalue())
         artifacts.write_json_atomic(
-            artifacts.join(cfg["model_dir"], TORCH_CONFIG),
-            model_config(len(features), config["hidden_sizes"], config["dropout"], cfg["label_mean"]),
+            artifacts.join(cfg.model_dir, TORCH_CONFIG),
+            model_config(len(features), config["hidden_sizes"], config["dropout"], cfg.label_mean),
         )
         write_final(cfg, final)
 
@@ -163,19 +156,20 @@ def lightning_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
 # -- XGBoost -----------------------------------------------------------------------------------
 
 
-def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
+def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
     """XGBoost training loop, checkpoints every N rounds, resumable.
 
     Runs in Ray Train workers (V2 ``XGBoostTrainer``; ``context`` None), in a Ray Tune trial
-    (``cfg["session"] == "tune"``) or, for a small CPU run, in the job's own process with an
+    (``cfg.session == "tune"``) or, for a small CPU run, in the job's own process with an
     :class:`InProcessTrainContext`.
     """
     import xgboost
 
+    cfg = TrainLoopConfig.of(cfg)  # Ray Train hands the workers its dict
     context = loop_context(cfg, context)
     rank, world_size = context.get_world_rank(), context.get_world_size()
     announce_worker(cfg, rank)
-    config, features, label = cfg["config"], cfg["feature_columns"], cfg["label_column"]
+    config, features, label = cfg.config, cfg.feature_columns, cfg.label_column
 
     train_x, train_y = split_arrays(cfg, "train", rank, world_size)
     val_x, val_y = split_arrays(cfg, "validation")
@@ -184,11 +178,11 @@ def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
     booster_keys = {"num_boost_round", "early_stopping_rounds", "family"}
     params = {
         "objective": "reg:squarederror", "eval_metric": "rmse", "tree_method": "hist",
-        "seed": cfg["seed"], "nthread": cfg["threads"], "base_score": cfg["label_mean"],
-        "device": "cuda" if cfg["use_gpu"] else "cpu",
+        "seed": cfg.seed, "nthread": cfg.threads, "base_score": cfg.label_mean,
+        "device": "cuda" if cfg.use_gpu else "cpu",
         **{key: value for key, value in config.items() if key not in booster_keys},
     }
-    every = checkpoint_every(cfg)
+    every = cfg.checkpoint_interval()
 
     class ReportEveryCallback(xgboost.callback.TrainingCallback):
         """Report (with a checkpoint in XGBoost's own format) every ``every`` rounds, not each one."""
@@ -236,5 +230,5 @@ def xgboost_train_loop(cfg: dict[str, Any], context: Any = None) -> None:
     if rank == 0:
         for split, (y, predicted) in predictions.items():
             write_evaluation(cfg, split, y, predicted)
-        artifacts.write_bytes_atomic(artifacts.join(cfg["model_dir"], XGBOOST_MODEL), bytes(booster.save_raw("ubj")))
+        artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, XGBOOST_MODEL), bytes(booster.save_raw("ubj")))
         write_final(cfg, final)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 
 
 EVALUATION_DIR = "evaluation"
@@ -25,25 +26,25 @@ WORKERS_DIR = "workers"
 TRAIN_RUNS_DIR = "train_runs"
 
 
-def announce_worker(cfg: dict[str, Any], rank: int) -> None:
+def announce_worker(cfg: TrainLoopConfig, rank: int) -> None:
     """Record this worker process (pid, rank, node, start time): operators and tests find workers here."""
     ray = sys.modules.get("ray")  # never imported just for this: the in-process runner runs without Ray
     node_id = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
     record = {"pid": os.getpid(), "rank": rank, "host": platform.node(), "node_id": node_id, "started": time.time()}
-    uri = artifacts.join(cfg["artifact_dir"], WORKERS_DIR, f"rank{rank}-pid{os.getpid()}.json")
+    uri = artifacts.join(cfg.artifact_dir, WORKERS_DIR, f"rank{rank}-pid{os.getpid()}.json")
     artifacts.write_json_atomic(uri, record)
 
 
-def write_evaluation(cfg: dict[str, Any], split: str, labels: np.ndarray, predictions: np.ndarray) -> None:
+def write_evaluation(cfg: TrainLoopConfig, split: str, labels: np.ndarray, predictions: np.ndarray) -> None:
     """A split's labels and predictions, as ``evaluation/<split>.npz``."""
     buffer = io.BytesIO()
     np.savez(buffer, y_true=labels.astype(np.float64), y_pred=predictions.astype(np.float64))
-    artifacts.write_bytes_atomic(artifacts.join(cfg["artifact_dir"], EVALUATION_DIR, f"{split}.npz"), buffer.getvalue())
+    artifacts.write_bytes_atomic(artifacts.join(cfg.artifact_dir, EVALUATION_DIR, f"{split}.npz"), buffer.getvalue())
 
 
-def write_final(cfg: dict[str, Any], final: dict[str, Any]) -> None:
+def write_final(cfg: TrainLoopConfig, final: dict[str, Any]) -> None:
     """What the loop ran (epochs or rounds, the device), as ``evaluation/final.json``."""
-    artifacts.write_json_atomic(artifacts.join(cfg["artifact_dir"], EVALUATION_DIR, "final.json"), final)
+    artifacts.write_json_atomic(artifacts.join(cfg.artifact_dir, EVALUATION_DIR, "final.json"), final)
 
 
 def read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:

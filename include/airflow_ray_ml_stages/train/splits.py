@@ -8,13 +8,13 @@ another scaler's scaling where :func:`scaler_plan` says so (an exact affine map 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 from airflow_ray_ml_stages.preprocessor import Preprocessor, feature_affine
+from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 
 SPLITS = ("train", "validation", "test")
 
@@ -88,21 +88,21 @@ def shard_arrays(shard, features: list[str], label: str) -> tuple[np.ndarray, np
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def split_arrays(cfg: dict[str, Any], split: str, rank: int = 0, world_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def split_arrays(cfg: TrainLoopConfig, split: str, rank: int = 0, world_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """A split as arrays: from the Ray Dataset shard, or read directly (small data) and sliced by rank.
 
-    With ``cfg["feature_affine"]`` (``[multiply, add]`` per feature, see
+    With ``cfg.feature_affine`` (``[multiply, add]`` per feature, see
     :func:`airflow_ray_ml_stages.preprocessor.feature_affine`) the features are mapped to another scaler's scaling.
     """
-    features, label = cfg["feature_columns"], cfg["label_column"]
-    if cfg["data_loading"] == "ray_data":
+    features, label = cfg.feature_columns, cfg.label_column
+    if cfg.data_loading == "ray_data":
         import ray.data
         import ray.train
 
         ray.data.DataContext.get_current().enable_progress_bars = False
         x, y = shard_arrays(ray.train.get_dataset_shard(split), features, label)
         return _map_features(cfg, x), y
-    table = ParquetSplit(cfg["uris"][split], [*features, label]).to_table(columns=[*features, label])
+    table = ParquetSplit(cfg.uris[split], [*features, label]).to_table(columns=[*features, label])
     x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in features])
     y = table.column(label).to_numpy(zero_copy_only=False).astype(np.float32)
     x = _map_features(cfg, x)
@@ -111,8 +111,8 @@ def split_arrays(cfg: dict[str, Any], split: str, rank: int = 0, world_size: int
     return x, y
 
 
-def _map_features(cfg: dict[str, Any], x: np.ndarray) -> np.ndarray:
-    affine = cfg.get("feature_affine")
+def _map_features(cfg: TrainLoopConfig, x: np.ndarray) -> np.ndarray:
+    affine = cfg.feature_affine
     if not affine:
         return x
     multiply, add = (np.asarray(part, dtype=np.float64) for part in affine)

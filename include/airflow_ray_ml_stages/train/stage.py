@@ -2,7 +2,7 @@
 
 It right-sizes the run (:mod:`airflow_ray_ml_stages.train.sizing`), then runs the family's loop
 (:mod:`airflow_ray_ml_stages.train.loops`) in the job's own process or on Ray Train workers, and finishes with
-the metrics and the model card (:mod:`airflow_ray_ml_stages.train.model_card`).
+the metrics and the model card (:mod:`airflow_ray_ml_stages.train.finish`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from airflow_ray_ml_stages.constants import JOB_ENV_VARS
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
 from airflow_ray_ml_stages.stage import run_stage
 from airflow_ray_ml_stages.train.contexts import InProcessTrainContext
+from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.loops import lightning_train_loop, xgboost_train_loop
-from airflow_ray_ml_stages.train.model_card import finish
+from airflow_ray_ml_stages.train.finish import finish
 from airflow_ray_ml_stages.train.run_dir import run_name, storage_path
 from airflow_ray_ml_stages.train.sizing import gpu_placement_available, plan_workers
 from airflow_ray_ml_stages.train.splits import SPLITS, ParquetSplit, label_stats, scaler_plan
@@ -49,13 +50,13 @@ def run_training(spec: TrainSpec) -> TrainResult:
         # Train's local mode runs the loop in this process anyway: run it without Ray Train, so
         # the job neither connects to Ray nor imports Ray Train (most of a wine-scale run's time).
         artifacts.makedirs(model_dir)
-        loop_config = {
-            "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
-            "label_mean": label_mean, "seed": spec.seed, "use_gpu": False, "local_mode": True,
-            "threads": max(1, int(compute.cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
-            "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "uris": uris, "data_loading": data_loading,
-            "feature_affine": affine,
-        }
+        loop_config = TrainLoopConfig(
+            config=config, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
+            label_mean=label_mean, seed=spec.seed, use_gpu=False, local_mode=True,
+            threads=max(1, int(compute.cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
+            artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
+            feature_affine=affine,
+        )
         log.info("training %s on CPU in the job's process (Train's local mode without Ray Train), data: direct",
                  family)
         fit_started = time.monotonic()
@@ -91,13 +92,13 @@ def run_training(spec: TrainSpec) -> TrainResult:
     local_mode = num_workers == 0
 
     artifacts.makedirs(model_dir)
-    loop_config = {
-        "config": config, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
-        "label_mean": label_mean, "seed": spec.seed, "use_gpu": use_gpu, "local_mode": local_mode,
-        "threads": max(1, int(cpus_per_worker)), "checkpoint_every": spec.checkpoint_every,
-        "artifact_dir": spec.artifact_dir, "model_dir": model_dir, "feature_affine": affine,
-    }
-    loop_config.update(uris=uris, data_loading=data_loading)
+    loop_config = TrainLoopConfig(
+        config=config, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
+        label_mean=label_mean, seed=spec.seed, use_gpu=use_gpu, local_mode=local_mode,
+        threads=max(1, int(cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
+        artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
+        feature_affine=affine,
+    )
     datasets = None
     if data_loading == "ray_data":
         context = ray.data.DataContext.get_current()
@@ -106,7 +107,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         datasets = {name: ray.data.read_parquet(uri, columns=columns) for name, uri in uris.items()}
     resources = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if use_gpu else {})}
     common = dict(
-        train_loop_config=loop_config,
+        train_loop_config=loop_config.to_dict(),  # Ray Train carries a plain dict
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                      resources_per_worker=None if local_mode else resources,
                                      placement_strategy=spec.placement_strategy),

@@ -1,6 +1,7 @@
 """After the loop: metrics and a mean-predictor baseline from what it wrote, and the model card.
 
-:func:`finish` reads the run's evaluation files, writes ``model_card.json`` (and the preprocessor
+:func:`finish` reads the run's evaluation files, writes the
+:class:`~airflow_ray_ml_stages.model_card.ModelCard` (and the preprocessor
 the features were scaled with) into the model directory, and returns the stage's result.
 """
 
@@ -18,9 +19,10 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.metrics import regression_metrics
-from airflow_ray_ml_stages.models import MODEL_CARD, PREPROCESSOR
+from airflow_ray_ml_stages.model_card import ModelCard
+from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
-from airflow_ray_ml_stages.train.loops import checkpoint_every
+from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import EVALUATION_DIR, read_evaluation, run_name, worker_record_uris
 
 log = logging.getLogger("airflow_ray_ml_stages.train")
@@ -43,12 +45,12 @@ def _framework_versions(family: str) -> dict[str, str]:
     return versions
 
 
-def finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_config: dict[str, Any],
+def finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_config: TrainLoopConfig,
             label_mean: float, train_rows: int, started: float, preprocessor_uri: str | None, *, fit_s: float, runner: str, num_workers: int,
             sizing_reason: str, use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
     """Metrics, baseline and model card from what the training loop wrote; the stage's result."""
-    family, local_mode, data_loading = config["family"], num_workers == 0, loop_config["data_loading"]
-    cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config["model_dir"]
+    family, local_mode, data_loading = config["family"], num_workers == 0, loop_config.data_loading
+    cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config.model_dir
     final = artifacts.read_json(artifacts.join(spec.artifact_dir, EVALUATION_DIR, "final.json"))
 
     metrics = {}
@@ -74,7 +76,7 @@ def finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_c
         **{key: value for key, value in final.items() if key not in ("device",)},
         "train_rows": train_rows, "worker_starts": worker_starts,
         "restarts": max(0, worker_starts - max(1, num_workers)), "run_name": run_name(spec.artifact_dir),
-        "checkpoint_every": checkpoint_every(loop_config), "fit_s": round(fit_s, 3), "runner": runner,
+        "checkpoint_every": loop_config.checkpoint_interval(), "fit_s": round(fit_s, 3), "runner": runner,
         "stage_s": round(time.monotonic() - started, 3),
     }
     model_version = f"{family}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -82,15 +84,13 @@ def finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_c
         artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), artifacts.read_bytes(preprocessor_uri))
     if spec.scaler:
         config = {**config, "scaler": spec.scaler}  # recorded; the booster never saw it
-    card = {
-        "family": family, "feature_columns": list(spec.feature_columns), "label_column": spec.label_column,
-        "metrics": metrics, "baseline": baseline, "config": config, "data_fingerprint": spec.data_fingerprint,
-        "framework_versions": _framework_versions(family), "compute": compute_used,
-        "trained_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model_version": model_version,
-        "seed": spec.seed, "training": training,
-        "preprocessor": PREPROCESSOR if preprocessor_uri else None,
-    }
-    artifacts.write_json_atomic(artifacts.join(model_dir, MODEL_CARD), card)
+    ModelCard(
+        family=family, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
+        config=config, metrics=metrics, seed=spec.seed, data_fingerprint=spec.data_fingerprint,
+        preprocessor=PREPROCESSOR if preprocessor_uri else None, model_version=model_version,
+        trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), baseline=baseline,
+        compute=compute_used, training=training, framework_versions=_framework_versions(family),
+    ).write(model_dir)
     log.info("trained %s %s: test rmse %.4f (baseline %.4f), validation rmse %.4f; %s",
              family, model_version, metrics["test"]["rmse"], baseline["test_rmse"], metrics["validation"]["rmse"],
              json.dumps(training, sort_keys=True))
