@@ -44,6 +44,7 @@ from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_serve import RayServeDeployOperator
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
+from airflow_ray_ml_stages.search_space import search_space_json_schema
 from airflow_ray_ml_stages.wine import QUALITY_RANGE
 
 DEMO_ROWS = 6497  # the size of the published data set
@@ -83,7 +84,8 @@ with DAG(
         "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, description="Lightning epochs per trial"),
         "num_boost_round": Param(300, type="integer", minimum=1, maximum=10000,
                                  description="XGBoost rounds per trial"),
-        "search_space": Param(None, type=["null", "object"],
+        # its shape is checked when the run is triggered; its values by the search_space task
+        "search_space": Param(None, **{**search_space_json_schema(), "type": ["null", "object"]},
                               description="A whole search space (JSON; see the README); overrides the four above"),
         "train_workers": Param(None, type=["null", "integer"], minimum=0, maximum=512,
                                description="Ray Train workers (0: local mode); empty sizes from the data"),
@@ -145,11 +147,17 @@ with DAG(
 
     @task(doc_md="The search space from the Params form, or the `search_space` Param as given.")
     def search_space(params: dict | None = None) -> dict:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from airflow_ray_ml_stages.errors import SpecError
         from airflow_ray_ml_stages.search_space import SearchSpace, default_search_space
 
         params = params or {}
         if params.get("search_space"):
-            SearchSpace(params["search_space"])  # a bad space fails here, with the reason
+            try:
+                SearchSpace(params["search_space"])
+            except SpecError as err:  # the same space fails the same way: no retries
+                raise AirflowFailException(f"the search_space Param: {err}") from None
             return params["search_space"]
         return default_search_space(params.get("families"), params.get("scalers"),
                                     params.get("max_epochs"), params.get("num_boost_round"))

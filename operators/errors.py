@@ -23,6 +23,10 @@ class RayJobFailedError(RayOperatorError, RuntimeError):
     """A stage's Ray job ended FAILED or STOPPED, or wrote a failed manifest."""
 
 
+class RayStageError(RayJobFailedError, AirflowFailException):
+    """A stage failed for a reason another try cannot fix (its manifest says ``retryable: false``): fail at once."""
+
+
 class RayJobTimeoutError(RayOperatorError, TimeoutError):
     """A stage's Ray job did not finish within the operator's timeout."""
 

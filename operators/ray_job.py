@@ -31,7 +31,7 @@ from airflow_ray_ml_stages.errors import RayMLError
 from airflow_ray_ml.contract import coerce_spec
 from airflow_ray_ml.errors import (
     InvalidSpecError, RayAuthError, RayClusterUnreachableError, RayJobFailedError, RayJobTimeoutError, RayManifestError,
-    RayOperatorError,
+    RayOperatorError, RayStageError,
 )
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
@@ -312,6 +312,11 @@ class RayJobOperator(BaseOperator):
         self._emit_logs(logs[log_offset:])
         manifest = self.read_manifest(artifact_dir, logs)
         if status is not RayJobStatus.SUCCEEDED:
+            # This job's own verdict, from its log: a manifest file may be an earlier try's.
+            verdict = manifest_from_log(logs) or {}
+            if verdict.get("error") and verdict.get("retryable") is False:
+                raise RayStageError(f"stage {self.stage} failed: {verdict['error']} (Ray job {submission_id}; not "
+                                    "retried, since another try would fail the same way)")
             reason = (manifest or {}).get("error") or _last_lines(logs) or "see the job log above"
             raise RayJobFailedError(
                 f"Ray job {submission_id} (stage {self.stage}) ended {status.value if status else 'MISSING'}: {reason}"

@@ -1,8 +1,17 @@
-"""Errors raised by the Ray-side stages. Each message says what to change."""
+"""Errors raised by the Ray-side stages. Each message says what to change.
+
+Each class says whether running the stage again could succeed (``retryable``); the stage's failed
+manifest carries it, and the Airflow side fails the task at once where it is False.
+"""
 
 
 class RayMLError(Exception):
-    """Base class of every error raised on purpose by the Ray-side package."""
+    """Base class of every error raised on purpose by the Ray-side package.
+
+    Not retryable: the spec, the data or an artifact must change first.
+    """
+
+    retryable = False
 
 
 class SpecError(RayMLError, ValueError):
@@ -18,7 +27,9 @@ class ArtifactError(RayMLError, OSError):
 
 
 class ClusterError(RayMLError, RuntimeError):
-    """A local Ray cluster could not be started, reached or stopped."""
+    """A local Ray cluster could not be started, reached or stopped (another try may find it)."""
+
+    retryable = True
 
 
 class TuneError(RayMLError, RuntimeError):

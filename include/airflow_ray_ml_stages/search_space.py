@@ -250,3 +250,29 @@ def default_search_space(
         space["xgboost"]["num_boost_round"] = int(num_boost_round)
     SearchSpace(space)
     return space
+
+
+def search_space_json_schema() -> dict[str, Any]:
+    """A JSON Schema for a search space's shape, for forms that check input before a run starts.
+
+    It takes what :class:`SearchSpace` takes at the top (``family`` and ``scaler`` as a name or a
+    ``choice``/``grid`` of names, one block per family) and the known Lightning hyperparameters;
+    the values' domains are checked by :class:`SearchSpace` itself.
+    """
+    def names(allowed: tuple[Any, ...]) -> dict[str, Any]:
+        name = {"enum": list(allowed)}
+        listed = {"type": "array", "minItems": 1, "items": name}
+        return {"oneOf": [name, {"type": "object", "additionalProperties": False, "minProperties": 1,
+                                 "maxProperties": 1, "properties": {"choice": listed, "grid": listed}}]}
+
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "family": names(FAMILIES),
+            "scaler": names(tuple(SCALERS)),
+            # XGBoost takes booster parameters beyond the ones named here; Lightning only its own
+            "lightning": {"type": "object", "propertyNames": {"enum": sorted(LIGHTNING_DEFAULTS)}},
+            "xgboost": {"type": "object"},
+        },
+    }

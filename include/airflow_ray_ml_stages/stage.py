@@ -27,7 +27,7 @@ from airflow_ray_ml_stages.specs import StageSpec
 
 log = logging.getLogger("airflow_ray_ml_stages")
 
-RESERVED_KEYS = ("stage", "status", "artifact_dir", "started_at", "finished_at", "duration_s", "error")
+RESERVED_KEYS = ("stage", "status", "artifact_dir", "started_at", "finished_at", "duration_s", "error", "retryable")
 
 
 def _now() -> str:
@@ -35,7 +35,8 @@ def _now() -> str:
 
 
 def build_manifest(
-    stage: str, artifact_dir: str, started: float, result: JsonDataclass | None, error: str | None
+    stage: str, artifact_dir: str, started: float, result: JsonDataclass | None, error: str | None,
+    retryable: bool = True,
 ) -> dict[str, Any]:
     manifest: dict[str, Any] = {
         "stage": stage,
@@ -46,7 +47,8 @@ def build_manifest(
         "duration_s": round(time.time() - started, 3),
     }
     if error:
-        manifest["error"] = error
+        # whether another try could succeed: False for what the spec, data or artifacts must fix
+        manifest.update(error=error, retryable=retryable)
     if result is not None:
         values = result.to_dict()
         clashes = sorted(set(values) & set(RESERVED_KEYS))
@@ -99,9 +101,11 @@ def run_stage(
         else:
             message = f"{type(err).__name__}: {err}"
             log.error("stage %s failed:\n%s", spec_type.stage, traceback.format_exc())
+        # Errors of our own say whether a retry can help; anything else (a lost node, memory) may pass.
+        retryable = err.retryable if isinstance(err, RayMLError) else True
         if artifact_dir:
             try:
-                publish_manifest(build_manifest(spec_type.stage, artifact_dir, started, None, message))
+                publish_manifest(build_manifest(spec_type.stage, artifact_dir, started, None, message, retryable))
             except Exception as write_err:  # the original error matters more
                 log.error("could not write the failed manifest: %s", write_err)
         return 1

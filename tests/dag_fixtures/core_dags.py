@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
+from airflow_ray_ml.ray_data import RayDataPreprocessOperator
 from airflow_ray_ml.ray_job import RayJobOperator
 
 
@@ -35,3 +36,8 @@ with DAG(dag_id="core_stage_from_conf", schedule=None, start_date=datetime(2026,
 # A task instance in the metadata DB for tests that need one (its task does nothing).
 with DAG(dag_id="core_noop", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_noop:
     EmptyOperator(task_id="noop")
+
+# Bad data in a file the run's conf names: the preprocess stage's error, after one try of three.
+with DAG(dag_id="core_bad_data", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_bad_data:
+    RayDataPreprocessOperator(task_id="preprocess", source="{{ dag_run.conf['source'] }}", label_column="y",
+                              poll_interval_s=0.3, retries=2, retry_delay=timedelta(seconds=1))

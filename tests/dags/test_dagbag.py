@@ -34,3 +34,27 @@ def test_scoring_dag_is_scheduled_on_the_model_asset_the_pipeline_updates():
     deploy = bag.dags["wine_quality_pipeline"].task_dict["deploy"]
     assets = scoring.timetable.asset_condition.objects
     assert [asset.name for asset in assets] == [outlet.name for outlet in deploy.outlets]
+
+
+def test_a_search_space_of_the_wrong_shape_is_refused_when_the_run_is_triggered():
+    """What the REST API and the trigger form do with a run's conf: merge it over the Params and validate."""
+    import copy
+
+    import pytest
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE
+
+    params = _bag().dags["wine_quality_pipeline"].params
+
+    def validate(space: dict) -> None:
+        merged = copy.deepcopy(params)
+        merged.update({"search_space": space})
+        merged.validate()
+
+    validate(DEFAULT_SEARCH_SPACE)  # the documented shape passes
+    validate({"family": "xgboost", "xgboost": {"max_leaves": 31}})  # XGBoost takes booster parameters of its own
+    for bad in ({"family": {"choice": ["lightning", "sklearn"]}}, {"famliy": "xgboost"},
+                {"lightning": {"learning_rate": 0.1}}):
+        with pytest.raises(ParamValidationError, match="search_space"):
+            validate(bad)

@@ -36,6 +36,7 @@ def test_stage_invalid_spec_writes_failed_manifest_and_exits_1(tmp_path):
     manifest = artifacts.read_json(str(tmp_path / "run" / "manifest.json"))
     assert manifest["status"] == "failed"
     assert "rows must be an integer >= 2, got -5" in manifest["error"]
+    assert manifest["retryable"] is False  # the same spec fails the same way: the task fails at once
 
 
 def test_stage_runtime_error_writes_failed_manifest(tmp_path):
@@ -45,6 +46,7 @@ def test_stage_runtime_error_writes_failed_manifest(tmp_path):
     assert generate_main(["--spec", _spec(tmp_path, rows=300)]) == 1
     manifest = artifacts.read_json(str(blocker / "manifest.json"))
     assert manifest["status"] == "failed" and manifest["error"]
+    assert manifest["retryable"] is True  # not an error of ours: another try may pass
 
 
 def test_stage_runs_as_module_with_exit_code(tmp_path):

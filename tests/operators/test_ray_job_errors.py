@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pytest
 
@@ -94,3 +94,29 @@ def test_stage_injected_through_run_conf_is_refused_before_any_job(airflow_db, r
     assert dag_run.state == "failed" and ti.state == "failed"  # at once: it has retries it did not use
     assert _jobs_of(RayHook(), base_submission_id("core_stage_from_conf", dag_run.run_id, "from_conf")) == []
     assert not marker.exists()
+
+
+@pytest.mark.integration
+def test_bad_data_fails_after_one_try_with_the_stages_message(airflow_db, ray_conn, tmp_path):
+    """A retry cannot fix bad data: the task fails on its first try, with the stage's own words."""
+    import structlog
+
+    from tests.conftest import load_dag
+    from tests.operators.test_ray_job import _jobs_of
+    from airflow_ray_ml.hooks.ray import RayHook
+    from airflow_ray_ml.job_status import base_submission_id
+
+    source = tmp_path / "bad.csv"
+    source.write_text("x,y\n" + "".join(f"{i},{i % 7}\n" for i in range(40)) + "twelve,3\n")
+    when = datetime(2026, 6, 2, tzinfo=timezone.utc)
+    # format_exc_info turns the logged exception into text while it is being handled
+    with structlog.testing.capture_logs(processors=[structlog.processors.format_exc_info]) as records:
+        dag_run = load_dag("core_bad_data").test(logical_date=when, run_after=when, run_conf={"source": str(source)})
+    (ti,) = dag_run.get_task_instances()
+    assert dag_run.state == "failed" and ti.state == "failed" and ti.try_number == 1  # it had 2 retries left
+    jobs = _jobs_of(RayHook(), base_submission_id("core_bad_data", dag_run.run_id, "preprocess"))
+    assert len(jobs) == 1 and jobs[0]["status"] == "FAILED"
+    (failure,) = [record for record in records if record["event"] == "Task failed with exception"]
+    error = failure["exception"].strip().splitlines()[-1]  # the task's error: the exception's own line
+    assert error.startswith("airflow_ray_ml.errors.RayStageError: stage data failed: DataSourceError: ")
+    assert "'twelve'" in error and "not retried" in error
