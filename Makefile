@@ -12,7 +12,7 @@ SOURCE ?=
 LABEL ?=
 APP ?=
 
-.PHONY: install run stop test test-unit clean
+.PHONY: install run stop test test-unit test-gpu clean
 
 install: $(STAMP)
 
@@ -36,6 +36,15 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not integration"
+
+# The GPU tests, on a machine with a CUDA GPU (`make test` skips them elsewhere). The rest of the
+# suite pins its clusters to --num-gpus=0, so `make test` passes on a GPU machine as well.
+# constraints.txt pins torch's CPU wheel: on the GPU machine, install a CUDA build of the same version.
+test-gpu: $(STAMP)
+	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+	'make test-gpu needs a CUDA GPU and a CUDA build of torch (this one is ' + torch.__version__ + '): ' \
+	'$(BIN)/pip install torch==' + torch.__version__.split('+')[0] + ' --index-url https://download.pytorch.org/whl/cu128')"
+	$(BIN)/python -m pytest -m gpu -v
 
 clean: stop
 	rm -rf .airflow .run artifacts

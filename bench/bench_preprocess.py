@@ -258,6 +258,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2:])
         return
+    from airflow_ray_ml_stages.localcluster import interrupt_on_termination
+
+    interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=list(DEFAULT_ROWS))
     parser.add_argument("--repeats", type=int, default=1, help="runs of each engine per size (the median is shown)")
@@ -269,7 +272,7 @@ def main() -> None:
     from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
 
     work = Path(tempfile.mkdtemp(prefix="bench-pre-", dir="/tmp"))
-    cluster = LocalRayCluster(temp_dir=str(work / "ray"), num_cpus=2, token=new_token())
+    cluster = LocalRayCluster(temp_dir=str(work / "ray"), num_cpus=2, num_gpus=0, token=new_token())
     engines = ["pandas", "stage"] + ([] if args.no_ray_data else ["stage, Ray Data"])
     table = []
     load = [os.getloadavg()[0]]

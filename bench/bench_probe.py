@@ -25,7 +25,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
 
 
 def _context(run: int) -> dict:
@@ -72,6 +72,7 @@ def _connect(conn_id: str, cluster: LocalRayCluster) -> None:
 
 
 def main() -> int:
+    interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--naive-timeout", type=float, default=240.0)
@@ -79,7 +80,7 @@ def main() -> int:
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="bench-airflow-"))
 
     rows = []
-    cpu = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bc", dir="/tmp"), num_cpus=2, token=new_token())
+    cpu = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bc", dir="/tmp"), num_cpus=2, num_gpus=0, token=new_token())
     fake = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bg", dir="/tmp"), num_cpus=2, num_gpus=1,
                            token=new_token())
     try:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 from airflow_ray_ml_stages import wine  # noqa: E402
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, free_port, new_token  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, free_port, interrupt_on_termination, new_token  # noqa: E402
 
 ROW_COUNT = 4
 
@@ -90,6 +90,7 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, int]:
 
 
 def main() -> int:
+    interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--seconds", type=float, default=15)
@@ -102,7 +103,7 @@ def main() -> int:
 
     work = tempfile.mkdtemp(prefix="bench-serve-")
     serve_port, plain_port = free_port(), free_port()
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bs", dir="/tmp"), num_cpus=2, token=new_token())
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bs", dir="/tmp"), num_cpus=2, num_gpus=0, token=new_token())
     plain = None
     try:
         cluster.start()

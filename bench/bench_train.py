@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 import airflow_ray_ml_stages  # noqa: E402
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
 from tests.train_data import write_splits  # noqa: E402
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -115,6 +115,7 @@ def fixed_costs(client) -> dict[str, float]:
 
 
 def main() -> None:
+    interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=15)
@@ -130,7 +131,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     small = write_splits(work / "wine", rows=6497)
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bt", dir="/tmp"), num_cpus=2, token=new_token())
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bt", dir="/tmp"), num_cpus=2, num_gpus=0, token=new_token())
     cluster.start()
     rows: list[tuple[str, float, float, float | None, str]] = _Rows()
     load = [os.getloadavg()[0]]

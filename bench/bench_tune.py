@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 import airflow_ray_ml_stages  # noqa: E402
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
 from tests.train_data import write_preprocessed  # noqa: E402
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -57,6 +57,7 @@ def tune(client, work: Path, data: dict, **spec_fields) -> tuple[float, dict]:
 
 
 def main() -> None:
+    interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--searcher", default="random", choices=["random", "optuna"])
@@ -69,7 +70,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-tune-"))
     data = write_preprocessed(work / "wine", rows=6497, seed=7)
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bu", dir="/tmp"), num_cpus=2, token=new_token())
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bu", dir="/tmp"), num_cpus=2, num_gpus=0, token=new_token())
     cluster.start()
     results = {}
     try:

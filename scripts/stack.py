@@ -217,6 +217,8 @@ def trigger(conf: dict, timeout_s: float) -> int:
     print(f"{'task':<24} {'state':<16} {'seconds':>8}")
     for ti in sorted(tis, key=lambda ti: ti.get("start_date") or ""):
         print(f"{ti['task_id']:<24} {str(ti['state']):<16} {_seconds(ti):>8}")
+    if run["state"] == "failed":
+        report_failures(client, run_id, tis)
     if run["state"] == "success":
         report_model(client, run_id)
         if scoring and isinstance(_xcom(client, run_id, "deploy"), dict):
@@ -225,6 +227,38 @@ def trigger(conf: dict, timeout_s: float) -> int:
     print(f"Ray dashboard: http://127.0.0.1:{RAY_DASHBOARD_PORT}  (token in {TOKEN_FILE})")
     print("The stack keeps running; `make stop` stops it.")
     return 0 if run["state"] == "success" else 1
+
+
+def task_error(records: list) -> str | None:
+    """The error a failed task's log ends with: its exception's type and message, else its last error line."""
+    error = None
+    for record in records:
+        if not isinstance(record, dict):
+            continue
+        detail = record.get("error_detail")
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            error = f"{detail[0].get('exc_type', 'Error')}: {detail[0].get('exc_value', '')}".strip()
+        elif record.get("level") == "error" and record.get("event") and error is None:
+            error = str(record["event"])
+    return error
+
+
+def report_failures(client: AirflowClient, run_id: str, tis: list[dict]) -> None:
+    """Each failed task's error and where its whole log is: the UI page and the file."""
+    for ti in sorted((ti for ti in tis if ti["state"] == "failed"), key=lambda ti: ti.get("start_date") or ""):
+        task_id, attempt = ti["task_id"], ti.get("try_number") or 1
+        path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}"
+        response = client.session.get(f"{AIRFLOW_URL}/api/v2{path}", params={"full_content": "true"},
+                                      headers={"Accept": "application/json"}, timeout=30)
+        content = response.json().get("content") if response.ok else None
+        error = task_error(content if isinstance(content, list) else []) or "(no error in its log; see the log)"
+        print(f"
+{task_id} failed (try {attempt}): {error}")
+        print(f"  log: {AIRFLOW_URL}/dags/{DAG_ID}/runs/{run_id}/tasks/{task_id}?try_number={attempt}")
+        log_file = AIRFLOW_HOME / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={task_id}" / \
+            f"attempt={attempt}.log"
+        if log_file.exists():
+            print(f"  file: {log_file}")
 
 
 def _unpause_scoring(client: AirflowClient) -> bool:

@@ -44,6 +44,11 @@ for path in (ROOT, ROOT / "include"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from airflow_ray_ml_stages.localcluster import interrupt_on_termination  # noqa: E402
+
+# A suite stopped by SIGTERM (a CI timeout, `timeout`) still tears its fixtures down: the clusters stop.
+interrupt_on_termination()
+
 
 @pytest.fixture(scope="session")
 def airflow_db() -> str:
@@ -76,11 +81,15 @@ requires_cuda = pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on th
 
 @contextlib.contextmanager
 def extra_cluster(conn_id: str, **cluster_kwargs):
-    """Another real local Ray head (e.g. one advertising a GPU) reached through connection ``conn_id``."""
+    """Another real local Ray head (e.g. one advertising a GPU) reached through connection ``conn_id``.
+
+    It advertises no GPU unless ``num_gpus`` says (None: the GPUs Ray detects), so the CPU paths
+    run the same on a machine with a GPU.
+    """
     from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
 
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rx", dir="/tmp"), token=new_token(),
-                              **{"num_cpus": 2, **cluster_kwargs})
+                              **{"num_cpus": 2, "num_gpus": 0, **cluster_kwargs})
     variable = f"AIRFLOW_CONN_{conn_id.upper()}"
     try:
         cluster.start()
@@ -97,11 +106,14 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A real 2-CPU Ray head on free ports with token auth, stopped (by its session) afterwards."""
+    """A real 2-CPU Ray head on free ports with token auth, stopped (by its session) afterwards.
+
+    It advertises no GPU even where Ray would find one: the suite tests the CPU path here, and the
+    ``gpu`` tests start a cluster of their own with the GPU (``make test-gpu``)."""
     from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, token=new_token())
+    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token())
     try:
         cluster.start()
         yield cluster

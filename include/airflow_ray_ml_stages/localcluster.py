@@ -206,6 +206,20 @@ def stop_session(leader_pid: int, grace_s: float = 10.0, sig: int = signal.SIGTE
     return len(leftovers)
 
 
+def interrupt_on_termination() -> None:
+    """Make SIGTERM and SIGHUP interrupt this process as Ctrl-C does (KeyboardInterrupt in the main thread).
+
+    Their default action ends the process at once, skipping the ``finally`` blocks and fixture
+    teardowns that stop the clusters it started; an interrupt runs them. Benchmarks call this
+    first, and the test suite's conftest does.
+    """
+    def interrupt(signum: int, frame) -> None:
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received: stopping what this process started")
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupt)
+
+
 def _http_ok(url: str, token: str | None, timeout: float = 2.0) -> bool:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:

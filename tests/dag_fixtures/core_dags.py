@@ -41,3 +41,11 @@ with DAG(dag_id="core_noop", schedule=None, start_date=datetime(2026, 1, 1), cat
 with DAG(dag_id="core_bad_data", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as core_bad_data:
     RayDataPreprocessOperator(task_id="preprocess", source="{{ dag_run.conf['source'] }}", label_column="y",
                               poll_interval_s=0.3, retries=2, retry_delay=timedelta(seconds=1))
+
+# Long jobs (minutes of generating) for the tests that stop them: by execution_timeout, or by the
+# SIGTERM a task process gets when its task or DAG run is marked failed.
+with DAG(dag_id="core_execution_timeout", schedule=None, start_date=datetime(2026, 1, 1),
+         catchup=False) as core_execution_timeout:
+    RayJobOperator(task_id="make_data", stage="generate", spec={"rows": 2_000_000, "seed": 3}, deferrable=False,
+                   poll_interval_s=0.3, execution_timeout=timedelta(seconds=8))
+core_sigterm = _generate_dag("core_sigterm", rows=2_000_000)

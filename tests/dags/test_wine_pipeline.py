@@ -45,11 +45,22 @@ def _asset_events(name: str) -> list[dict]:
         return [dict(row.extra or {}) for row in rows]
 
 
-def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
+def _serve_url() -> str:
+    return json.loads(os.environ["AIRFLOW_CONN_RAY_DEFAULT"])["extra"]["serve_url"]
+
+
+@pytest.fixture(scope="module")
+def first_run(airflow_db, ray_conn):
+    """The module's first pipeline run: its model is the champion that the later runs meet, whichever
+    of these tests runs first."""
+    return _run("wine_quality_pipeline", datetime(2026, 4, 1, tzinfo=timezone.utc), **SMALL, require_gpu=False)
+
+
+def test_wine_dag_runs_with_small_params(first_run):
     # Five operators handing on XComArgs, Params as text: no native rendering, and a templated
     # require_gpu that renders as "False" (truthy as text) must let the CPU-only cluster through.
     assert not load_dag("wine_quality_pipeline", ROOT / "dags").render_template_as_native_obj
-    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 1, tzinfo=timezone.utc), **SMALL, require_gpu=False)
+    dag_run = first_run
     assert dag_run.state == "success", _states(dag_run)
     compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
     assert compute.use_gpu is False
@@ -77,14 +88,13 @@ def test_wine_dag_runs_with_small_params(airflow_db, ray_conn):
     assert answer.json()["model_version"] == model["model_version"]
     assert 3 <= answer.json()["predictions"][0] <= 9
     # the promotion is an event of the model Asset, carrying the model's URI and test metrics
-    event = _asset_events("wine_quality_model")[-1]
+    (event,) = [e for e in _asset_events("wine_quality_model") if e.get("model_version") == model["model_version"]]
     assert event["model_version"] == model["model_version"] and event["model_dir"] == model["model_dir"]
     assert event["metrics"] == pytest.approx(model["metrics"]["test"])
 
 
-def test_second_run_with_a_worse_model_keeps_the_champion(airflow_db, ray_conn):
-    served = requests.get(f"{json.loads(os.environ['AIRFLOW_CONN_RAY_DEFAULT'])['extra']['serve_url']}"
-                          "/wine/health", timeout=10).json()["model_version"]
+def test_second_run_with_a_worse_model_keeps_the_champion(first_run):
+    served = requests.get(f"{_serve_url()}/wine/health", timeout=10).json()["model_version"]
     events_before = len(_asset_events("wine_quality_model"))
     # a deliberately worse search: one trial of one shallow boosting round on the same data
     worse = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
@@ -100,24 +110,21 @@ def test_second_run_with_a_worse_model_keeps_the_champion(airflow_db, ray_conn):
     assert len(_asset_events("wine_quality_model")) == events_before  # no event: scoring does not rerun
 
 
-def test_batch_scoring_dag_scores_new_wines_with_the_served_model(airflow_db, ray_conn):
-    served = _asset_events("wine_quality_model")
-    if not served:
-        pytest.skip("needs the pipeline test's promotion first")
+def test_batch_scoring_dag_scores_new_wines_with_the_served_model(first_run):
+    served = requests.get(f"{_serve_url()}/wine/health", timeout=10).json()["model_version"]
     dag_run = _run("wine_batch_scoring", datetime(2026, 4, 3, tzinfo=timezone.utc), new_rows=400)
     assert dag_run.state == "success", _states(dag_run)
     result = _xcom(dag_run, "score")
     new_wines = _xcom(dag_run, "new_wines")["data_uris"][0]
     assert os.path.dirname(result["output_uri"]) == os.path.dirname(new_wines)
-    assert result["model_version"] == served[-1]["model_version"] and result["rows"] == 400
+    assert result["model_version"] == served and result["rows"] == 400
     scored = pd.concat([pd.read_csv(f) for f in sorted(glob.glob(os.path.join(result["output_uri"], "*.csv")))])
     assert len(scored) == 400 and scored["predicted_quality"].between(0, 10).all()
     assert "quality" not in scored.columns
 
 
-def test_a_champion_from_other_data_is_scored_live_on_the_new_test_split(airflow_db, ray_conn):
-    serve_url = json.loads(os.environ["AIRFLOW_CONN_RAY_DEFAULT"])["extra"]["serve_url"]
-    card = requests.get(f"{serve_url}/wine/metadata", timeout=10).json()
+def test_a_champion_from_other_data_is_scored_live_on_the_new_test_split(first_run):
+    card = requests.get(f"{_serve_url()}/wine/metadata", timeout=10).json()
     # other data (another demo seed: another fingerprint), and a deliberately worse search again
     worse = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
     dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 5, tzinfo=timezone.utc),
@@ -136,7 +143,7 @@ def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray
     from airflow_ray_ml_stages.localcluster import free_port
 
     with extra_cluster("ray_two_node", num_cpus=2) as cluster:
-        cluster.add_node(num_cpus=2)
+        cluster.add_node(num_cpus=2, num_gpus=0)
         node_ids = {node["node_id"] for node in cluster.nodes()}
         assert len(node_ids) == 2
         monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({

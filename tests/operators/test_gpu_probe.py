@@ -108,7 +108,7 @@ def test_probe_advertised_unusable_gpu_with_require_gpu_fails(fake_gpu_cluster):
 def test_probe_real_gpu_decides_gpu_with_the_device_name(airflow_db):
     import torch
 
-    with extra_cluster("ray_fake_gpu", num_cpus=4):
+    with extra_cluster("ray_fake_gpu", num_cpus=4, num_gpus=None):  # the GPUs Ray finds
         dag_run = _run("probe_fake_gpu")  # same DAG, pointed at a cluster whose GPU is real
         compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
         assert compute.use_gpu is True and compute.accelerator == "gpu", compute.reason

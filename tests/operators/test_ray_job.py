@@ -15,6 +15,7 @@ import pytest
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.job_status import RayJobStatus, base_submission_id
 from tests.conftest import ROOT, load_dag
+from tests.operators.triggers.test_ray import _wait_for_status
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +119,47 @@ def test_deferrable_mode_reaches_the_same_manifest_and_logs_the_job_while_deferr
     assert any(e.startswith(f"[ray] Running entrypoint for job {base_id}: python -m airflow_ray_ml_stages.generate") for e in while_deferred)
     manifest_lines = [e for e in events if e.startswith("[ray] RAYML_MANIFEST {")]
     assert len(manifest_lines) == 1 and manifest_lines[0] in while_deferred
+
+
+def _running_job_of(dag_id: str, timeout_s: float = 120, log_path=None) -> str:
+    hook, deadline = RayHook(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        jobs = [j for j in hook.list_jobs() if (j.get("metadata") or {}).get("airflow_dag_id") == dag_id
+                and j["status"] == "RUNNING"]
+        if jobs:
+            return jobs[0]["submission_id"]
+        time.sleep(0.2)
+    raise AssertionError(f"no RUNNING job of {dag_id} within {timeout_s} s" +
+                         (":\n" + log_path.read_text()[-3000:] if log_path else ""))
+
+
+def test_execution_timeout_stops_the_job(airflow_db, ray_conn):
+    """Airflow stops a task past its execution_timeout and calls on_kill(): the job ends with it."""
+    dag_run = _run("core_execution_timeout")
+    assert dag_run.state == "failed"
+    jobs = _jobs_of(RayHook(), base_submission_id("core_execution_timeout", dag_run.run_id, "make_data"))
+    assert jobs, "the task never submitted its job"
+    for job in jobs:
+        _wait_for_status(job["submission_id"], RayJobStatus.STOPPED, 15)
+
+
+def test_sigterm_to_the_task_process_stops_the_job(airflow_db, ray_conn, tmp_path):
+    """Marking a running task (or its DAG run) failed makes Airflow's supervisor SIGTERM the task
+    process, whose handler calls on_kill(): the job stops, and the process ends."""
+    worker_log = tmp_path / "worker.log"
+    with open(worker_log, "wb") as output:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", "from tests.operators.test_ray_job import _run; _run('core_sigterm')"],
+            cwd=ROOT, env=os.environ.copy(), start_new_session=True, stdout=output, stderr=subprocess.STDOUT,
+        )
+    try:
+        job = _running_job_of("core_sigterm", log_path=worker_log)
+        worker.send_signal(signal.SIGTERM)
+        _wait_for_status(job, RayJobStatus.STOPPED, 15)
+        worker.wait(timeout=60)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+    assert "Stopping Ray job" in worker_log.read_text()
+

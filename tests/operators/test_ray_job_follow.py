@@ -97,3 +97,17 @@ def test_on_kill_stops_the_tasks_job(ray_conn, artifact_root):
         _wait_for_status(job, RayJobStatus.STOPPED, 15)
     finally:
         RayHook().stop_job(job)
+
+
+@pytest.mark.integration
+def test_job_timeout_stops_the_job_the_worker_follows(ray_conn, artifact_root):
+    operator = RayJobOperator(task_id="slow_sync", stage="generate", spec={"rows": 2_000_000, "seed": 3},
+                              deferrable=False, job_timeout_s=4, poll_interval_s=0.3)
+    context = _context()
+    job = operator.base_submission_id(context)
+    try:
+        with pytest.raises(RayJobTimeoutError, match=f"{job} did not finish within job_timeout_s=4 s and was stopped"):
+            operator.execute(context)
+        _wait_for_status(job, RayJobStatus.STOPPED, 15)
+    finally:
+        RayHook().stop_job(job)

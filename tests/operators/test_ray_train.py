@@ -211,7 +211,7 @@ def test_train_gpu_spec_without_gpu_falls_back_to_cpu_within_timeout(no_gpu_clus
 def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
     import torch
 
-    with extra_cluster("ray_gpu", num_cpus=4):
+    with extra_cluster("ray_gpu", num_cpus=4, num_gpus=None):  # the GPUs Ray finds
         dag_run = _run("train_gpu", splits, SMALL_LIGHTNING)
         assert dag_run.state == "success"
         compute = _xcom(dag_run, "probe")  # the probe's decision is what training was given

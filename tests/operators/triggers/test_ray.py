@@ -229,3 +229,32 @@ def test_trigger_taken_over_by_another_triggerer_leaves_the_job_running(airflow_
         _wait_for_status(trigger.submission_id, RayJobStatus.STOPPED, 15)
     finally:
         RayHook().stop_job(trigger.submission_id)
+
+
+@pytest.mark.integration
+def test_marking_the_dag_run_failed_stops_the_deferred_tasks_job(airflow_db, ray_conn):
+    """Marking a DAG run failed marks its deferred tasks failed; their triggers' on_kill() stops the jobs."""
+    from airflow.api.common.mark_tasks import set_dag_run_state_to_failed
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.sdk.api.datamodels._generated import TaskInstance as TaskInstanceSDK
+    from airflow.utils.session import create_session
+
+    from tests.conftest import load_dag
+
+    dag_run = load_dag("core_noop").test()
+    (ti,) = dag_run.get_task_instances()
+    trigger = RayJobTrigger(submission_id=_submit(SLEEPING, f"trigger-run-failed-{time.time_ns()}"))
+    trigger.task_instance = TaskInstanceSDK(id=ti.id, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
+                                            try_number=ti.try_number, map_index=ti.map_index,
+                                            dag_version_id=ti.dag_version_id)
+    try:
+        _wait_for_status(trigger.submission_id, RayJobStatus.RUNNING, 120)
+        _set_state(ti, "deferred")
+        with create_session() as session:
+            dag = SerializedDagModel.get_dag("core_noop", session=session)
+            _, killed = set_dag_run_state_to_failed(dag=dag, run_id=dag_run.run_id, commit=True, session=session)
+        assert [killed_ti.task_id for killed_ti in killed] == ["noop"]
+        _on_kill_in_triggerer(trigger)  # what the triggerer does for a trigger whose task is no longer deferred
+        _wait_for_status(trigger.submission_id, RayJobStatus.STOPPED, 15)
+    finally:
+        RayHook().stop_job(trigger.submission_id)
