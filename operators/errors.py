@@ -41,3 +41,8 @@ class GPUNotAvailableError(RayOperatorError, RuntimeError):
 
 class ServeDeployError(RayOperatorError, RuntimeError):
     """A new model failed to deploy or failed its smoke test; the previous config was restored."""
+
+
+class ServeAppOwnershipError(RayOperatorError, AirflowFailException):
+    """The Serve application belongs to another DAG (or to no deploy of this operator): fail at once,
+    before anything is changed; retrying cannot help."""

@@ -6,6 +6,11 @@ live champion's card, gates the challenger on the test metric, applies the new c
 is RUNNING and answers with the new version, smoke-tests the endpoint over HTTP with rows of the
 test split, and on any failure restores the previous config and fails with the reason. Every
 decision is appended to ``<artifact_root>/serving/<app>/history.json``.
+
+A deploy changes only its own application: the other applications and the Serve instance's own
+settings (proxy location, HTTP options, target capacity, ...) are sent back as they are live, unless
+``serve_instance_options`` asks otherwise. The application records the DAG that deployed it, and a
+deploy from another DAG is refused unless ``allow_takeover=True``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import requests
 from airflow.sdk import BaseOperator
 
 from airflow_ray_ml.contract import coerce_value, operator_setting
-from airflow_ray_ml.errors import InvalidSpecError, RayOperatorError, ServeDeployError
+from airflow_ray_ml.errors import InvalidSpecError, RayOperatorError, ServeAppOwnershipError, ServeDeployError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
 from airflow_ray_ml_stages import artifacts
@@ -37,6 +42,16 @@ DEPLOYMENT_NAME = "ModelServer"
 LOWER_IS_BETTER = {"rmse", "mae"}
 APP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ROUTE_PREFIX = re.compile(r"/(?:[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*)?")
+# The key of the deployment's user_config that names the DAG owning the application. Serve keeps
+# user_config as given and returns it in deployed_app_config; the replicas ignore the key.
+OWNER_KEY = "owner_dag_id"
+# The instance-wide settings of Serve's declarative config: every top-level key but "applications".
+SERVE_INSTANCE_SETTINGS = ("proxy_location", "http_options", "grpc_options", "controller_options",
+                           "logging_config", "tracing_config", "target_capacity")
+# Serve takes these only when it starts; a running instance keeps its own whatever a config says.
+START_ONLY_SETTINGS = frozenset({"proxy_location", "http_options", "grpc_options", "controller_options"})
+# What a deploy starts Serve with when it is not running; the HTTP port is the connection's serve_url's.
+SERVE_START_DEFAULTS: dict[str, Any] = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1"}}
 
 
 def gate(challenger: float, champion: float | None, metric: str, min_improvement: float, force: bool) -> tuple[bool, str]:
@@ -49,6 +64,81 @@ def gate(challenger: float, champion: float | None, metric: str, min_improvement
     gain = champion - challenger if lower else challenger - champion
     verdict = f"challenger {metric} {challenger:.4f} vs champion {champion:.4f} (needs {min_improvement:g} better)"
     return gain >= min_improvement and gain > 0, verdict
+
+
+def live_instance_settings(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The running Serve instance's settings, as the REST API reports them; None when Serve is not running."""
+    if not state.get("proxy_location"):
+        return None
+    return {key: state[key] for key in SERVE_INSTANCE_SETTINGS if state.get(key) is not None}
+
+
+def live_applications(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The declarative config of every application that is live now."""
+    return [app["deployed_app_config"] for app in (state.get("applications") or {}).values()
+            if app.get("deployed_app_config")]
+
+
+def instance_settings(live: dict[str, Any] | None, start_defaults: dict[str, Any],
+                      requested: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """The instance settings to deploy with, and the requested ones that a running Serve cannot take.
+
+    A running instance keeps its settings; one that is not running starts with ``start_defaults``.
+    ``requested`` settings go over either (a dict setting key by key), except the ones Serve takes
+    only at start when it is already running.
+    """
+    settings = dict(live if live is not None else start_defaults)
+    not_applied = []
+    for key, value in (requested or {}).items():
+        if isinstance(value, dict) and isinstance(settings.get(key), dict):
+            value = {**settings[key], **value}
+        if live is not None and key in START_ONLY_SETTINGS:
+            if value != live.get(key):
+                not_applied.append(key)
+            continue
+        settings[key] = value
+    return settings, not_applied
+
+
+def app_owner(app_config: dict[str, Any] | None) -> str | None:
+    """The DAG recorded as the application's owner, if any."""
+    for deployment in (app_config or {}).get("deployments") or []:
+        owner = (deployment.get("user_config") or {}).get(OWNER_KEY)
+        if owner:
+            return str(owner)
+    return None
+
+
+def check_ownership(app_name: str, live_app: dict[str, Any] | None, dag_id: str, allow_takeover: bool) -> str | None:
+    """Refuse to deploy over an application that another DAG owns, unless ``allow_takeover``.
+
+    :param live_app: the application's entry in Serve's state (None when it is not live).
+    :return: who is taken over from, in words, when an application owned by another DAG (or not
+        deployed by this operator) is deployed over; None when the application is this DAG's, new,
+        or was deployed by this operator before owners were recorded.
+    """
+    if live_app is None:
+        return None
+    config = live_app.get("deployed_app_config") or {}
+    owner = app_owner(config)
+    if owner == dag_id or (owner is None and config.get("import_path") == APP_IMPORT_PATH):
+        return None
+    if owner is not None:
+        taken_from = f"DAG {owner!r}"
+        problem = f"belongs to DAG {owner!r}"
+        after = f" (DAG {owner!r} is then refused in turn)"
+    else:
+        import_path = config.get("import_path") or "none: deployed from code, not a config"
+        taken_from = f"an application not deployed by RayServeDeployOperator (import_path {import_path!r})"
+        problem = f"was not deployed by RayServeDeployOperator (import_path {import_path!r})"
+        after = ""
+    if allow_takeover:
+        return taken_from
+    raise ServeAppOwnershipError(
+        f"Serve application {app_name!r} {problem}; DAG {dag_id!r} will not replace what it serves. Give "
+        f"this DAG its own app_name and route_prefix, or pass allow_takeover=True to RayServeDeployOperator "
+        f"to take the application over{after}."
+    )
 
 
 class RayServeDeployOperator(BaseOperator):
@@ -69,15 +159,24 @@ class RayServeDeployOperator(BaseOperator):
     :param api_key_conn_id: a connection whose password is the endpoint's API key; none: no key.
     :param autoscaling_config: Serve autoscaling for the deployment.
     :param replica_cpus: CPUs each replica reserves (fractional keeps training room).
-    :param http_host: address Serve binds to; loopback unless you say otherwise.
+    :param allow_takeover: deploy even if the application belongs to another DAG (or was not
+        deployed by this operator); this DAG then owns it. (templated)
+    :param serve_instance_options: instance-wide Serve settings to set with this deploy, keyed as
+        the top level of Serve's config (``proxy_location``, ``http_options``, ``grpc_options``,
+        ``controller_options``, ``logging_config``, ``tracing_config``, ``target_capacity``); a dict
+        setting is merged key by key. None: a running Serve keeps its settings, and one this deploy
+        starts gets ``proxy_location: HeadOnly`` and HTTP on ``127.0.0.1`` at the connection's
+        ``serve_url`` port. Serve takes ``proxy_location``, ``http_options``, ``grpc_options`` and
+        ``controller_options`` only when it starts. (templated)
     :param ready_timeout_s: how long the new version may take to answer.
     :param smoke_rows: rows of the test split sent in the smoke test.
     """
 
     template_fields: Sequence[str] = (
-        "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "force",
+        "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "force", "allow_takeover",
+        "serve_instance_options",
     )
-    template_fields_renderers = {"model": "json", "data": "json", "compute": "json"}
+    template_fields_renderers = {"model": "json", "data": "json", "compute": "json", "serve_instance_options": "json"}
     operator_extra_links = (RayServeEndpointLink(), RayServeDashboardLink())
     ui_color = "#e8f7e4"
 
@@ -95,7 +194,8 @@ class RayServeDeployOperator(BaseOperator):
         api_key_conn_id: str | None = None,
         autoscaling_config: dict[str, Any] | None = None,
         replica_cpus: float = 0.25,
-        http_host: str = "127.0.0.1",
+        allow_takeover: bool = False,
+        serve_instance_options: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 180.0,
         smoke_rows: int = 8,
         ray_conn_id: str = RayHook.default_conn_name,
@@ -118,7 +218,8 @@ class RayServeDeployOperator(BaseOperator):
             "upscale_delay_s": 3, "downscale_delay_s": 120,
         }
         self.replica_cpus = replica_cpus
-        self.http_host = http_host
+        self.allow_takeover = allow_takeover
+        self.serve_instance_options = serve_instance_options
         self.ready_timeout_s = ready_timeout_s
         self.smoke_rows = smoke_rows
         self.ray_conn_id = ray_conn_id
@@ -176,21 +277,17 @@ class RayServeDeployOperator(BaseOperator):
     def _serve_state(self) -> dict[str, Any]:
         return self.hook.get_serve_applications()
 
-    @staticmethod
-    def _config_of(state: dict[str, Any]) -> dict[str, Any] | None:
-        """The whole declarative config that is live now (None when Serve runs no application)."""
-        apps = [app["deployed_app_config"] for app in (state.get("applications") or {}).values()
-                if app.get("deployed_app_config")]
-        if not apps:
-            return None
-        http = state.get("http_options") or {}
-        return {
-            "proxy_location": state.get("proxy_location") or "HeadOnly",
-            "http_options": {"host": http.get("host", "127.0.0.1"), "port": http.get("port", 8000)},
-            "applications": apps,
-        }
+    def _live_app(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        return (state.get("applications") or {}).get(self.app_name)
 
-    def _app_config(self, model: dict[str, Any], compute: dict[str, Any]) -> dict[str, Any]:
+    def _check_ownership(self, state: dict[str, Any], dag_id: str) -> str | None:
+        return check_ownership(self.app_name, self._live_app(state), dag_id, self.allow_takeover)
+
+    def _start_defaults(self) -> dict[str, Any]:
+        port = urlsplit(self.hook.serve_url).port or 8000
+        return {**SERVE_START_DEFAULTS, "http_options": {**SERVE_START_DEFAULTS["http_options"], "port": port}}
+
+    def _app_config(self, model: dict[str, Any], compute: dict[str, Any], dag_id: str) -> dict[str, Any]:
         actor_options: dict[str, Any] = {"num_cpus": self.replica_cpus}
         if compute.get("use_gpu"):
             actor_options["num_gpus"] = 0.5  # fractional: serving shares the GPU with training
@@ -207,7 +304,8 @@ class RayServeDeployOperator(BaseOperator):
             "runtime_env": runtime_env,
             "deployments": [{
                 "name": DEPLOYMENT_NAME,
-                "user_config": {"model_dir": model["model_dir"], "model_version": model["model_version"]},
+                "user_config": {"model_dir": model["model_dir"], "model_version": model["model_version"],
+                                OWNER_KEY: dag_id},
                 "autoscaling_config": self.autoscaling_config,
                 "ray_actor_options": actor_options,
                 "max_ongoing_requests": 64,
@@ -234,12 +332,11 @@ class RayServeDeployOperator(BaseOperator):
             artifacts.write_bytes_atomic(uri, buffer.getvalue())
         return uri
 
-    def _merged_config(self, live: dict[str, Any] | None, ours: dict[str, Any] | None) -> dict[str, Any]:
-        others = [app for app in (live or {}).get("applications", []) if app.get("name") != self.app_name]
-        port = urlsplit(self.hook.serve_url).port or 8000
-        http = (live or {}).get("http_options") or {"host": self.http_host, "port": port}
-        return {"proxy_location": "HeadOnly", "http_options": http,
-                "applications": [*others, *([ours] if ours else [])]}
+    def _with_app(self, instance: dict[str, Any], applications: list[dict[str, Any]],
+                  ours: dict[str, Any] | None) -> dict[str, Any]:
+        """The whole config to PUT: ``instance`` settings, the other applications as given, and ``ours``."""
+        others = [app for app in applications if app.get("name") != self.app_name]
+        return {**instance, "applications": [*others, *([ours] if ours else [])]}
 
     # -- waiting and checking -------------------------------------------------------------------
 
@@ -304,6 +401,7 @@ class RayServeDeployOperator(BaseOperator):
     # -- history --------------------------------------------------------------------------------
 
     def _record(self, context: Context, entry: dict[str, Any]) -> None:
+        """Append ``entry`` (with who decided and when) to the application's serving history."""
         uri = artifacts.join(self.serving_dir, "history.json")
         history = artifacts.read_json(uri) if artifacts.exists(uri) else []
         ti = context["ti"]
@@ -329,6 +427,13 @@ class RayServeDeployOperator(BaseOperator):
         self.compute = coerce_value(self.compute, dict[str, Any] | None, f"{self.task_id}.compute")
         self.min_improvement = operator_setting(self.min_improvement, float, f"{self.task_id}.min_improvement")
         self.force = operator_setting(self.force, bool, f"{self.task_id}.force")
+        self.allow_takeover = operator_setting(self.allow_takeover, bool, f"{self.task_id}.allow_takeover")
+        self.serve_instance_options = coerce_value(self.serve_instance_options, dict[str, Any] | None,
+                                                   f"{self.task_id}.serve_instance_options")
+        options = self.serve_instance_options
+        if options is not None and (not isinstance(options, dict) or set(options) - set(SERVE_INSTANCE_SETTINGS)):
+            raise InvalidSpecError(f"{self.task_id}.serve_instance_options takes only Serve's instance-wide "
+                                   f"settings {list(SERVE_INSTANCE_SETTINGS)}; got {options!r:.200}")
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.sdk.exceptions import AirflowSkipException
@@ -343,6 +448,9 @@ class RayServeDeployOperator(BaseOperator):
         challenger = float(model["metrics"]["test"][self.metric])
         compute = dict(self.compute) if isinstance(self.compute, dict) else {}
         self.hook.check_access()
+        dag_id = context["ti"].dag_id
+        state = self._serve_state()
+        self._check_ownership(state, dag_id)  # before anything is scored or written
         rows, labels = self._test_rows()
         record = {"dashboard_url": self.hook.dashboard_url, "endpoint": self.endpoint, "app": self.app_name}
         context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
@@ -352,31 +460,44 @@ class RayServeDeployOperator(BaseOperator):
         summary = {"challenger_version": model["model_version"], "champion_version": champion_version,
                    "metric": self.metric, "challenger": challenger, "champion": champion, "reason": why}
         if not promote:
-            self._record(context, {"action": "kept_champion", **summary})
+            owner = app_owner((self._live_app(state) or {}).get("deployed_app_config"))
+            self._record(context, {"action": "kept_champion", "owner": owner, **summary})
             context["ti"].xcom_push(key="decision", value={"action": "kept_champion", **summary})
             self.log.info("Kept champion %s: %s", champion_version, why)
             raise AirflowSkipException(f"kept champion {champion_version}: {why}")
 
         state = self._serve_state()
-        live = self._config_of(state)
+        taken_from = self._check_ownership(state, dag_id)  # again: another DAG may have deployed meanwhile
+        live_instance, applications = live_instance_settings(state), live_applications(state)
+        previous_app = next((app for app in applications if app.get("name") == self.app_name), None)
+        instance, not_applied = instance_settings(live_instance, self._start_defaults(), self.serve_instance_options)
+        if not_applied:
+            self.log.warning("Serve is running, so %s stay as they are: Serve takes them only when it starts",
+                             ", ".join(not_applied))
+        if taken_from:
+            self.log.warning("Taking application %r over from %s (allow_takeover=True)", self.app_name, taken_from)
         previous_uri = artifacts.join(self.serving_dir, "previous_config.json")
-        artifacts.write_json_atomic(previous_uri, {"config": live, "version": champion_version})
-        config = self._merged_config(live, self._app_config(model, compute))
+        previous = {**live_instance, "applications": applications} if live_instance is not None else None
+        artifacts.write_json_atomic(previous_uri, {"config": previous, "version": champion_version,
+                                                   "owner": app_owner(previous_app)})
+        config = self._with_app(instance, applications, self._app_config(model, compute, dag_id))
         self.log.info("Promoting %s (%s); previous config kept in %s", model["model_version"], why, previous_uri)
+        ownership = {"owner": dag_id, "previous_owner": app_owner(previous_app)}
         try:
             self.hook.put_serve_applications(config)
             self._wait_for_version(model["model_version"], time.monotonic() + self.ready_timeout_s)
             self._smoke_test(model["model_version"], rows)
         except Exception as err:
             self.log.error("Deploy of %s failed (%s); restoring the previous config", model["model_version"], err)
-            self._rollback(live, champion_version)
-            self._record(context, {"action": "rolled_back", "error": str(err), **summary})
+            self._rollback(live_instance, previous_app, champion_version)
+            self._record(context, {"action": "rolled_back", "error": str(err), "owner": app_owner(previous_app),
+                                   **summary})
             raise ServeDeployError(
                 f"deploying {model['model_version']} failed and {champion_version or 'the previous state'} "
                 f"was restored: {err}"
             ) from None
         artifacts.write_json_atomic(artifacts.join(self.serving_dir, "configs", f"{model['model_version']}.json"), config)
-        self._record(context, {"action": "promoted", **summary})
+        self._record(context, {"action": "promoted", **ownership, **summary})
         self.log.info("Serving %s at %s", model["model_version"], self.endpoint)
         self._publish_assets(context, model)
         return {"action": "promoted", "endpoint": self.endpoint, "model_version": model["model_version"], **summary}
@@ -397,9 +518,17 @@ class RayServeDeployOperator(BaseOperator):
                 context["outlet_events"][outlet].extra = extra
                 self.log.info("Asset %s: model %s", outlet.name, model["model_version"])
 
-    def _rollback(self, live: dict[str, Any] | None, version: str | None) -> None:
-        ours = next((app for app in (live or {}).get("applications", []) if app.get("name") == self.app_name), None)
-        self.hook.put_serve_applications(self._merged_config(live, ours))
+    def _rollback(self, live_instance: dict[str, Any] | None, previous_app: dict[str, Any] | None,
+                  version: str | None) -> None:
+        """Put this application back as it was (or remove it when it was not live), and Serve's settings.
+
+        The other applications are sent as they are live now, so one that another DAG deployed
+        meanwhile stays. The instance settings are those from before this deploy, or, when this
+        deploy started Serve, those it runs with.
+        """
+        state = self._serve_state()
+        instance = live_instance if live_instance is not None else live_instance_settings(state) or {}
+        self.hook.put_serve_applications(self._with_app(instance, live_applications(state), previous_app))
         if version:
             self._wait_for_version(version, time.monotonic() + self.ready_timeout_s)
 

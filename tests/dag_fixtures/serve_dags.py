@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -45,3 +45,14 @@ def _deploy_dag(dag_id: str, **kwargs) -> DAG:
 serve_deploy = _deploy_dag("serve_deploy", app_name="wine-test", route_prefix="/wine-test")
 serve_deploy_keyed = _deploy_dag("serve_deploy_keyed", app_name="wine-keyed", route_prefix="/keyed",
                                  api_key_conn_id="serve_api_key")
+# The request and binding checks get an application of their own, so they need no other test's.
+serve_deploy_requests = _deploy_dag("serve_deploy_requests", app_name="wine-requests", route_prefix="/requests")
+# Two DAGs on one application: the second is refused unless the run conf allows the takeover. A
+# retry is allowed, so a refusal that were retried would show as a second try.
+_SHARED = {"app_name": "wine-shared", "route_prefix": "/shared", "retries": 1, "retry_delay": timedelta(seconds=1),
+           "allow_takeover": "{{ dag_run.conf.get('allow_takeover', False) }}"}
+serve_shared_a = _deploy_dag("serve_shared_a", **_SHARED)
+serve_shared_b = _deploy_dag("serve_shared_b", **_SHARED)
+# Instance-wide Serve settings from the run conf.
+serve_instance = _deploy_dag("serve_instance", app_name="wine-instance", route_prefix="/instance",
+                             serve_instance_options="{{ dag_run.conf.get('serve_instance_options') }}")

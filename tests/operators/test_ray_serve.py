@@ -12,8 +12,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import requests
 
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_ray_ml.errors import ServeAppOwnershipError
 from airflow_ray_ml.hooks.ray import RayHook
-from airflow_ray_ml.ray_serve import APP_IMPORT_PATH, gate
+from airflow_ray_ml.ray_serve import (
+    APP_IMPORT_PATH, OWNER_KEY, SERVE_START_DEFAULTS, app_owner, check_ownership, gate, instance_settings,
+)
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import load_dag
 from tests.operators.test_ray_job import _xcom
@@ -82,17 +87,26 @@ def _served_version(prefix: str = "/wine-test", **headers) -> str:
 
 
 def _ensure_deployed(trained: dict, data: dict) -> None:
-    """Deploy the good model unless the test application already answers (tests may run alone)."""
+    """Deploy the good model to the request checks' own application unless it answers already."""
     try:
-        if requests.get(f"{_endpoint()}/health", timeout=10).status_code == 200:
+        if requests.get(f"{_endpoint('/requests')}/health", timeout=10).status_code == 200:
             return
     except requests.RequestException:
         pass
-    assert _deploy("serve_deploy", model=trained["good"], data=data)[1] == "success"
+    assert _deploy("serve_deploy_requests", model=trained["good"], data=data)[1] == "success"
 
 
-def _history() -> list[dict]:
-    return artifacts.read_json(artifacts.join(RayHook().artifact_root, "serving", "wine-test", "history.json"))
+def _history(app: str = "wine-test") -> list[dict]:
+    return artifacts.read_json(artifacts.join(RayHook().artifact_root, "serving", app, "history.json"))
+
+
+def _broken(model: dict, version: str) -> dict:
+    """A copy of ``model`` whose artifact cannot load, with a test metric that passes any gate."""
+    broken_dir = f"{model['model_dir']}-{version}"
+    shutil.copytree(model["model_dir"], broken_dir)
+    with open(os.path.join(broken_dir, "model.ubj"), "wb") as handle:
+        handle.write(b"not a model")
+    return {**model, "model_dir": broken_dir, "model_version": version, "metrics": {"test": {"rmse": 0.01}}}
 
 
 @pytest.mark.integration
@@ -149,13 +163,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     assert _history()[-1]["action"] == "kept_champion"
 
     # 4. A broken artifact (forced past the gate) is rolled back; the old version keeps answering.
-    broken_dir = trained["good"]["model_dir"] + "-broken"
-    shutil.copytree(trained["good"]["model_dir"], broken_dir)
-    with open(os.path.join(broken_dir, "model.ubj"), "wb") as handle:
-        handle.write(b"not a model")
-    broken = {**trained["good"], "model_dir": broken_dir, "model_version": "broken-1",
-              "metrics": {"test": {"rmse": 0.01}}}
-    _, state = _deploy("serve_deploy", model=broken, data=data)
+    _, state = _deploy("serve_deploy", model=_broken(trained["good"], "broken-1"), data=data)
     assert state == "failed"
     assert _served_version() == trained["better"]["model_version"]
     assert _history()[-1]["action"] == "rolled_back"
@@ -182,15 +190,17 @@ def test_serve_malformed_requests_get_4xx_with_field_messages(models):
         "no instances key": {"rows": [row]},
     }
     for name, body in cases.items():
-        reply = requests.post(f"{_endpoint()}/predict", json=body, timeout=30)
+        reply = requests.post(f"{_endpoint('/requests')}/predict", json=body, timeout=30)
         assert 400 <= reply.status_code < 500, (name, reply.status_code, reply.text[:200])
         assert reply.json()["detail"], name
-    not_json = requests.post(f"{_endpoint()}/predict", data="{", headers={"content-type": "application/json"},
-                             timeout=10)
+    not_json = requests.post(f"{_endpoint('/requests')}/predict", data="{",
+                             headers={"content-type": "application/json"}, timeout=10)
     assert 400 <= not_json.status_code < 500
-    detail = requests.post(f"{_endpoint()}/predict", json=cases["missing feature"], timeout=10).json()["detail"]
+    detail = requests.post(f"{_endpoint('/requests')}/predict", json=cases["missing feature"],
+                           timeout=10).json()["detail"]
     assert detail[0]["loc"][-1] == "alcohol" and "missing" in detail[0]["msg"]
-    ordered = requests.post(f"{_endpoint()}/predict", json={"instances": [list(row.values())]}, timeout=10)
+    ordered = requests.post(f"{_endpoint('/requests')}/predict", json={"instances": [list(row.values())]},
+                            timeout=10)
     assert ordered.status_code == 200
 
 
@@ -232,3 +242,147 @@ def test_serve_binds_to_loopback_only(models, ray_conn):
     bound = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
              if c.status == psutil.CONN_LISTEN and c.pid in haproxy}
     assert len(bound) >= 2 and {ip for ip, _ in bound} == {"127.0.0.1"}, bound
+
+
+def _app_config(owner: str | None, import_path: str = APP_IMPORT_PATH) -> dict:
+    """An application's entry in Serve's state, as the REST API returns it."""
+    user_config = {"model_dir": "/m", "model_version": "v1", **({OWNER_KEY: owner} if owner else {})}
+    return {"deployed_app_config": {"name": "wine", "import_path": import_path,
+                                    "deployments": [{"name": "ModelServer", "user_config": user_config}]}}
+
+
+def test_check_ownership_refuses_another_dags_app_naming_owner_app_and_the_fix():
+    with pytest.raises(ServeAppOwnershipError) as refused:
+        check_ownership("wine", _app_config("dag_a"), "dag_b", allow_takeover=False)
+    assert isinstance(refused.value, AirflowFailException)  # fails at once, never retried
+    message = str(refused.value)
+    assert "'wine'" in message and "'dag_a'" in message and "'dag_b'" in message
+    assert "allow_takeover=True" in message and "app_name" in message
+    assert check_ownership("wine", _app_config("dag_a"), "dag_b", allow_takeover=True) == "DAG 'dag_a'"
+
+
+@pytest.mark.parametrize(("live_app", "dag_id"), [
+    (None, "dag_b"),                    # not live: a new application
+    (_app_config("dag_b"), "dag_b"),    # this DAG's own
+    (_app_config(None), "dag_b"),       # deployed by this operator before owners were recorded
+])
+def test_check_ownership_own_new_or_unrecorded_app_deploys(live_app, dag_id):
+    assert check_ownership("wine", live_app, dag_id, allow_takeover=False) is None
+
+
+@pytest.mark.parametrize("live_app", [
+    _app_config(None, import_path="someone.else:app"),  # another project's config
+    {"deployed_app_config": None, "status": "RUNNING"},  # deployed from code (serve.run), no config
+])
+def test_check_ownership_app_not_deployed_by_the_operator_refused_unless_allowed(live_app):
+    with pytest.raises(ServeAppOwnershipError, match="not deployed by RayServeDeployOperator"):
+        check_ownership("wine", live_app, "dag_b", allow_takeover=False)
+    assert check_ownership("wine", live_app, "dag_b", allow_takeover=True)
+
+
+def test_instance_settings_kept_when_live_defaults_when_not_and_asked_for_ones_applied():
+    live = {"proxy_location": "EveryNode", "http_options": {"host": "0.0.0.0", "port": 8123},
+            "target_capacity": 50.0}
+    defaults = {**SERVE_START_DEFAULTS, "http_options": {"host": "127.0.0.1", "port": 8000}}
+    assert instance_settings(live, defaults, None) == (live, [])
+    assert instance_settings(None, defaults, None) == (defaults, [])
+    # not running: asked-for settings go over the defaults, a dict one key by key
+    started, _ = instance_settings(None, defaults, {"http_options": {"keep_alive_timeout_s": 9},
+                                                    "proxy_location": "EveryNode"})
+    assert started == {"proxy_location": "EveryNode",
+                       "http_options": {"host": "127.0.0.1", "port": 8000, "keep_alive_timeout_s": 9}}
+    # running: what Serve takes live changes; what it takes only at start stays, and is named
+    settings, not_applied = instance_settings(live, defaults, {"target_capacity": 80, "proxy_location": "HeadOnly",
+                                                               "http_options": {"port": 8123}})
+    assert settings == {**live, "target_capacity": 80}
+    assert not_applied == ["proxy_location"]  # the port asked for is the live one
+
+
+def _live_owner(app: str) -> str | None:
+    return app_owner(RayHook().get_serve_applications()["applications"][app]["deployed_app_config"])
+
+
+@pytest.mark.integration
+def test_serve_app_of_another_dag_refused_unless_takeover_allowed(models):
+    trained, data = models
+    good, better = trained["good"]["model_version"], trained["better"]["model_version"]
+
+    # DAG A deploys the application and is recorded as its owner.
+    _, state = _deploy("serve_shared_a", model=trained["good"], data=data)
+    assert state == "success"
+    assert _live_owner("wine-shared") == "serve_shared_a"
+    history = _history("wine-shared")
+    assert history[-1]["owner"] == "serve_shared_a"
+
+    # DAG B, same application, a better model: refused at once, on its first try, nothing changed.
+    refused_run, state = _deploy("serve_shared_b", model=trained["better"], data=data)
+    refused = refused_run.get_task_instance("deploy")
+    assert state == "failed" and refused.try_number == 1
+    answer = requests.post(f"{_endpoint('/shared')}/predict", json={"instances": [_row()]}, timeout=10)
+    assert answer.status_code == 200 and answer.json()["model_version"] == good
+    assert _live_owner("wine-shared") == "serve_shared_a"
+    assert _history("wine-shared") == history
+
+    # Allowed: B's model is served, and B owns the application from then on.
+    _, state = _deploy("serve_shared_b", model=trained["better"], data=data, allow_takeover=True)
+    assert state == "success"
+    assert _served_version("/shared") == better
+    assert _live_owner("wine-shared") == "serve_shared_b"
+    assert {k: _history("wine-shared")[-1][k] for k in ("action", "owner", "previous_owner")} == {
+        "action": "promoted", "owner": "serve_shared_b", "previous_owner": "serve_shared_a"}
+
+
+_INSTANCE_SETTINGS = ("proxy_location", "http_options", "grpc_options", "target_capacity")
+
+
+def _instance() -> dict:
+    """The Serve instance's settings that the REST API reports."""
+    state = RayHook().get_serve_applications()
+    return {key: state.get(key) for key in _INSTANCE_SETTINGS}
+
+
+def _put_instance(**settings) -> None:
+    """Set instance settings through the REST API, every live application kept as it is.
+
+    A Serve that is not running yet is started here, with a keep-alive other than the operator's.
+    """
+    hook = RayHook()
+    state = hook.get_serve_applications()
+    live = {key: state[key] for key in _INSTANCE_SETTINGS if state.get(key) is not None}
+    if not live.get("proxy_location"):
+        port = int(hook.serve_url.rsplit(":", 1)[1])
+        live = {"proxy_location": "HeadOnly",
+                "http_options": {"host": "127.0.0.1", "port": port, "keep_alive_timeout_s": 7}}
+    applications = [app["deployed_app_config"] for app in state["applications"].values()
+                    if app.get("deployed_app_config")]
+    hook.put_serve_applications({**live, **settings, "applications": applications})
+
+
+@pytest.mark.integration
+def test_serve_deploy_keeps_instance_settings_unless_asked_even_on_rollback(models):
+    trained, data = models
+    _put_instance(target_capacity=90)  # an instance-wide setting a deploy could reset
+    try:
+        before = _instance()
+        assert before["target_capacity"] == 90 and before["proxy_location"]
+
+        # Not asked: a deploy leaves every instance setting as it is.
+        _, state = _deploy("serve_instance", model=trained["good"], data=data)
+        assert state == "success"
+        assert _instance() == before
+
+        # Asked: the setting Serve takes live changes; the one it takes only at start does not.
+        options = {"target_capacity": 80, "http_options": {"keep_alive_timeout_s": 11}}
+        _, state = _deploy("serve_instance", model=trained["better"], data=data, serve_instance_options=options)
+        assert state == "success"
+        assert _instance() == {**before, "target_capacity": 80}
+
+        # A failed deploy is rolled back with the settings as they were before it.
+        _, state = _deploy("serve_instance", model=_broken(trained["good"], "broken-instance"), data=data,
+                           serve_instance_options={"target_capacity": 70})
+        assert state == "failed"
+        assert _history("wine-instance")[-1]["action"] == "rolled_back"
+        assert _instance() == {**before, "target_capacity": 80}
+        assert _served_version("/instance") == trained["better"]["model_version"]
+    finally:
+        _put_instance(target_capacity=None)
