@@ -121,7 +121,7 @@ def main() -> int:
             "config": {"family": "xgboost", "num_boost_round": 50}})
 
         operator = RayServeDeployOperator(task_id="deploy", model=model)
-        config = operator._merged_config(None, operator._app_config(model, {}))
+        config = operator._with_app(operator._start_defaults(), [], operator._app_config(model, {}, "bench_serve"))
         operator.hook.put_serve_applications(config)
         operator._wait_for_version(model["model_version"], time.monotonic() + 180)
 
