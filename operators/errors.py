@@ -43,6 +43,11 @@ class ServeDeployError(RayOperatorError, RuntimeError):
     """A new model failed to deploy or failed its smoke test; the previous config was restored."""
 
 
+class ServeModelRejectedError(ServeDeployError, AirflowFailException):
+    """Serve could not run the model, or it answered the smoke test wrongly: another try would deploy
+    the same model and roll it back again, so the task fails at once (a model not ready in time retries)."""
+
+
 class ServeAppOwnershipError(RayOperatorError, AirflowFailException):
     """The Serve application belongs to another DAG (or to no deploy of this operator): fail at once,
     before anything is changed; retrying cannot help."""

@@ -28,7 +28,9 @@ import requests
 from airflow.sdk import BaseOperator
 
 from airflow_ray_ml.contract import coerce_value, operator_setting
-from airflow_ray_ml.errors import InvalidSpecError, RayOperatorError, ServeAppOwnershipError, ServeDeployError
+from airflow_ray_ml.errors import (
+    InvalidSpecError, RayOperatorError, ServeAppOwnershipError, ServeDeployError, ServeModelRejectedError,
+)
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
 from airflow_ray_ml_stages import artifacts
@@ -268,8 +270,9 @@ class RayServeDeployOperator(BaseOperator):
         response = requests.post(f"{self.endpoint}/predict", json={"instances": instances},
                                  headers=self._headers(), timeout=30)
         if response.status_code != 200:
-            raise ServeDeployError(f"POST {self.endpoint}/predict answered HTTP {response.status_code}: "
-                                   f"{response.text[:300]}")
+            # 503/504: no replica free yet, which may pass; any other answer is the model's
+            error = ServeDeployError if response.status_code in (503, 504) else ServeModelRejectedError
+            raise error(f"POST {self.endpoint}/predict answered HTTP {response.status_code}: {response.text[:300]}")
         return response.json()
 
     # -- the config ------------------------------------------------------------------------------
@@ -347,7 +350,8 @@ class RayServeDeployOperator(BaseOperator):
             app = (self._serve_state().get("applications") or {}).get(self.app_name) or {}
             status = app.get("status")
             if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise ServeDeployError(f"application {self.app_name!r} is {status}: {app.get('message', '')[-800:]}")
+                raise ServeModelRejectedError(f"application {self.app_name!r} is {status}: "
+                                              f"{app.get('message', '')[-800:]}")
             response = self._get("/health") if status == "RUNNING" else None
             if response is not None and response.status_code == 200 and response.json().get("model_version") == version:
                 streak += 1
@@ -377,10 +381,11 @@ class RayServeDeployOperator(BaseOperator):
         answer = self._predict(rows[: self.smoke_rows])
         predictions = answer.get("predictions") or []
         if answer.get("model_version") != version:
-            raise ServeDeployError(f"smoke test answered by version {answer.get('model_version')!r}, not {version!r}")
+            raise ServeModelRejectedError(f"smoke test answered by version {answer.get('model_version')!r}, "
+                                          f"not {version!r}")
         if len(predictions) != min(self.smoke_rows, len(rows)) or not all(
                 isinstance(p, (int, float)) and math.isfinite(p) for p in predictions):
-            raise ServeDeployError(f"smoke test got unusable predictions: {predictions!r}")
+            raise ServeModelRejectedError(f"smoke test got unusable predictions: {predictions!r}")
 
     def _champion_metric(self, challenger: dict[str, Any], rows, labels) -> tuple[float | None, str | None]:
         """The served model's test metric on the challenger's test split, and its version."""
@@ -492,7 +497,9 @@ class RayServeDeployOperator(BaseOperator):
             self._rollback(live_instance, previous_app, champion_version)
             self._record(context, {"action": "rolled_back", "error": str(err), "owner": app_owner(previous_app),
                                    **summary})
-            raise ServeDeployError(
+            # the model's own fault fails the task at once; anything else (time, the cluster) may pass
+            error = ServeModelRejectedError if isinstance(err, ServeModelRejectedError) else ServeDeployError
+            raise error(
                 f"deploying {model['model_version']} failed and {champion_version or 'the previous state'} "
                 f"was restored: {err}"
             ) from None

@@ -42,7 +42,9 @@ def _deploy_dag(dag_id: str, **kwargs) -> DAG:
 
 
 # Their own application, so the wine DAG's test deployment on the same cluster is not touched.
-serve_deploy = _deploy_dag("serve_deploy", app_name="wine-test", route_prefix="/wine-test")
+# A retry is allowed: a broken model's rollback must not be retried (one rollback, not two).
+serve_deploy = _deploy_dag("serve_deploy", app_name="wine-test", route_prefix="/wine-test", retries=1,
+                           retry_delay=timedelta(seconds=1))
 serve_deploy_keyed = _deploy_dag("serve_deploy_keyed", app_name="wine-keyed", route_prefix="/keyed",
                                  api_key_conn_id="serve_api_key")
 # The request and binding checks get an application of their own, so they need no other test's.

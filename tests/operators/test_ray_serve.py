@@ -163,8 +163,10 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     assert _history()[-1]["action"] == "kept_champion"
 
     # 4. A broken artifact (forced past the gate) is rolled back; the old version keeps answering.
-    _, state = _deploy("serve_deploy", model=_broken(trained["good"], "broken-1"), data=data)
+    # The task fails on its first try: a retry would deploy the same model and roll it back again.
+    broken_run, state = _deploy("serve_deploy", model=_broken(trained["good"], "broken-1"), data=data)
     assert state == "failed"
+    assert [ti.try_number for ti in broken_run.get_task_instances()] == [1]
     assert _served_version() == trained["better"]["model_version"]
     assert _history()[-1]["action"] == "rolled_back"
     actions = [entry["action"] for entry in _history()]
