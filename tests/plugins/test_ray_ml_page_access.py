@@ -127,7 +127,8 @@ def test_page_without_access_to_any_dag_shows_no_tune_run(page_server, tune_runs
     assert _get(base, token, f"{ray_ml.URL_PREFIX}/plot.png").status_code == 404
 
 
-def test_page_refuses_a_token_it_cannot_verify(page_server):
+def test_page_refuses_a_token_it_cannot_verify_and_a_request_without_one(page_server):
     base, _ = page_server
     response = _get(base, "not-a-jwt", f"{ray_ml.URL_PREFIX}/status.json")
-    assert response.status_code in (401, 403), response.status_code
+    assert response.status_code == 403, response.status_code
+    assert requests.get(f"{base}{ray_ml.URL_PREFIX}/status.json", timeout=30).status_code == 401
