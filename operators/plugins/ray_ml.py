@@ -234,13 +234,13 @@ def _xcom_values(session, dag_id: str, run_id: str, task_id: str, map_index: int
 def find_last_tune(session, dag_ids: set[str]) -> TuneRun | None:
     """The newest successful Tune task in ``dag_ids``: the newest ``leaderboard_json_uri`` XCom.
 
-    The lookup is by XCom key (indexed) and DAG id, so the page never reads other XCom values; the
-    task's whole manifest is its ``return_value``, read for the one task found.
+    The lookup is by XCom key (indexed) and DAG id; no XCom values are scanned. Only for the one
+    task found are its manifest (``return_value``) and Ray job record read.
     """
     from sqlalchemy import and_, select
 
     from airflow.models.taskinstance import TaskInstance
-    from airflow.models.xcom import XComModel
+    from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
     from airflow.utils.state import TaskInstanceState
 
     if not dag_ids:
@@ -261,8 +261,8 @@ def find_last_tune(session, dag_ids: set[str]) -> TuneRun | None:
         uri = _decode(raw)
         if not isinstance(uri, str) or not uri:
             continue
-        values = _xcom_values(session, dag_id, run_id, task_id, map_index, ("return_value", RAY_JOB_XCOM_KEY))
-        manifest = values.get("return_value")
+        values = _xcom_values(session, dag_id, run_id, task_id, map_index, (XCOM_RETURN_KEY, RAY_JOB_XCOM_KEY))
+        manifest = values.get(XCOM_RETURN_KEY)
         job = values.get(RAY_JOB_XCOM_KEY)
         return TuneRun(
             dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
