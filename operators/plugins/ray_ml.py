@@ -7,9 +7,14 @@ shows through an external view. It reads
   ``[ray_ml] ray_conn_id``, env ``AIRFLOW__RAY_ML__RAY_CONN_ID``, default ``ray_default``): each
   application's model version and directory from its ``user_config`` (what
   ``RayServeDeployOperator`` writes), the model card's test metrics, replicas and endpoint;
-- the last Tune run from Airflow's metadata database: the newest ``return_value`` XCom of a
-  successful task that has a ``leaderboard_json_uri`` (the RayTune operator's XCom), then the
-  leaderboard JSON and plot it points at, through ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://).
+- the last Tune run from Airflow's metadata database: the newest ``leaderboard_json_uri`` XCom
+  (the RayTune operator pushes each manifest key as an XCom of its own) of a successful task in a
+  DAG the logged-in user may read, then the leaderboard JSON and plot it points at, through
+  ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://).
+
+Which DAGs a user may read is asked of Airflow's configured auth manager on every request, so the
+page shows the same DAGs as the rest of the UI. Serve applications are cluster-wide and shown to
+every logged-in user.
 
 Whatever cannot be read (Ray down, no Tune run yet, a missing file) becomes a sentence on the page;
 the page itself always renders. Everything shown is escaped by the template (autoescape).
@@ -45,8 +50,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_PLOT_BYTES = 20 * 1024 * 1024
 METRIC_COLUMNS = ("val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0")
 CARD_METRICS = ("rmse", "mae", "acc_0_5", "acc_1_0")
-# XCom rows looked at, newest first, to find the last Tune result (a DAG may push other dicts).
-SCAN_LIMIT = 200
+# Newest leaderboard XComs looked at: another task may push a non-text value under the same key.
+CANDIDATE_LIMIT = 20
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -205,13 +210,41 @@ class _Row:
     value: Any
 
 
-def find_last_tune(session) -> TuneRun | None:
-    """The newest ``return_value`` XCom of a successful task that names a leaderboard."""
-    from sqlalchemy import String, and_, cast, select
+def readable_dag_ids(user: Any) -> set[str]:
+    """The DAGs ``user`` (the auth manager's user object) may read, as Airflow's auth manager says."""
+    from airflow.api_fastapi.app import get_auth_manager
 
-    from airflow.models.taskinstance import TaskInstance
+    return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+
+
+def _xcom_values(session, dag_id: str, run_id: str, task_id: str, map_index: int, keys: tuple[str, ...]
+                 ) -> dict[str, Any]:
+    from sqlalchemy import select
+
     from airflow.models.xcom import XComModel
 
+    rows = session.execute(
+        select(XComModel.key, XComModel.value).where(
+            XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == task_id,
+            XComModel.map_index == map_index, XComModel.key.in_(keys))
+    )
+    return {key: _decode(value) for key, value in rows}
+
+
+def find_last_tune(session, dag_ids: set[str]) -> TuneRun | None:
+    """The newest successful Tune task in ``dag_ids``: the newest ``leaderboard_json_uri`` XCom.
+
+    The lookup is by XCom key (indexed) and DAG id; no XCom values are scanned. Only for the one
+    task found are its manifest (``return_value``) and Ray job record read.
+    """
+    from sqlalchemy import and_, select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
+    from airflow.utils.state import TaskInstanceState
+
+    if not dag_ids:
+        return None
     query = (
         select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index,
                XComModel.timestamp, XComModel.value)
@@ -219,26 +252,24 @@ def find_last_tune(session) -> TuneRun | None:
                                  TaskInstance.run_id == XComModel.run_id,
                                  TaskInstance.task_id == XComModel.task_id,
                                  TaskInstance.map_index == XComModel.map_index))
-        .where(XComModel.key == "return_value", TaskInstance.state == "success",
-               cast(XComModel.value, String).like(f"%{LEADERBOARD_KEY}%"))
+        .where(XComModel.key == LEADERBOARD_KEY, XComModel.dag_id.in_(sorted(dag_ids)),
+               TaskInstance.state == TaskInstanceState.SUCCESS)
         .order_by(XComModel.timestamp.desc())
-        .limit(SCAN_LIMIT)
+        .limit(CANDIDATE_LIMIT)
     )
-    for dag_id, run_id, task_id, map_index, timestamp, raw in session.execute(query):
-        value = _decode(raw)
-        if isinstance(value, dict) and isinstance(value.get(LEADERBOARD_KEY), str) and value.get(
-                "status", "succeeded") == "succeeded":
-            tune = TuneRun(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
-                           pushed_at=timestamp.isoformat(timespec="seconds") if isinstance(timestamp, datetime)
-                           else str(timestamp), result=value)
-            job = session.execute(
-                select(XComModel.value).where(XComModel.dag_id == dag_id, XComModel.run_id == run_id,
-                                              XComModel.task_id == task_id, XComModel.map_index == map_index,
-                                              XComModel.key == RAY_JOB_XCOM_KEY)
-            ).scalar()
-            record = _decode(job) if job is not None else None
-            tune.job_url = record.get("job_url") if isinstance(record, dict) else None
-            return tune
+    for dag_id, run_id, task_id, map_index, timestamp, raw in session.execute(query).all():
+        uri = _decode(raw)
+        if not isinstance(uri, str) or not uri:
+            continue
+        values = _xcom_values(session, dag_id, run_id, task_id, map_index, (XCOM_RETURN_KEY, RAY_JOB_XCOM_KEY))
+        manifest = values.get(XCOM_RETURN_KEY)
+        job = values.get(RAY_JOB_XCOM_KEY)
+        return TuneRun(
+            dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
+            pushed_at=timestamp.isoformat(timespec="seconds") if isinstance(timestamp, datetime) else str(timestamp),
+            result={**(manifest if isinstance(manifest, dict) else {}), LEADERBOARD_KEY: uri},
+            job_url=job.get("job_url") if isinstance(job, dict) else None,
+        )
     return None
 
 
@@ -250,12 +281,13 @@ def read_leaderboard(uri: str) -> list[dict[str, Any]]:
     return rows
 
 
-def load_tune(data: PageData) -> None:
+def load_tune(data: PageData, user: Any) -> None:
+    """Fill in the newest Tune run among the DAGs ``user`` may read, or the reason it cannot be."""
     from airflow.utils.session import create_session
 
     try:
         with create_session() as session:
-            data.tune = find_last_tune(session)
+            data.tune = find_last_tune(session, readable_dag_ids(user))
     except Exception as err:
         data.tune_error = f"cannot read Airflow's metadata database: {err}"
         return
@@ -270,10 +302,11 @@ def load_tune(data: PageData) -> None:
         data.tune.leaderboard_error = str(err)
 
 
-def collect(conn_id: str | None = None) -> PageData:
+def collect(user: Any, conn_id: str | None = None) -> PageData:
+    """What the page shows to ``user``: every Serve application, the Tune run of a DAG they may read."""
     data = PageData(conn_id=conn_id or ray_conn_id())
     load_serve(data)
-    load_tune(data)
+    load_tune(data, user)
     return data
 
 
@@ -300,10 +333,10 @@ def render(data: PageData) -> str:
     )
 
 
-def plot_bytes() -> bytes:
-    """The last Tune run's plot, checked to be a PNG of sensible size."""
+def plot_bytes(user: Any) -> bytes:
+    """The plot of the last Tune run ``user`` may see, checked to be a PNG of sensible size."""
     data = PageData(conn_id="")
-    load_tune(data)
+    load_tune(data, user)
     uri = (data.tune.result.get("plot_uri") if data.tune else None) or None
     if not uri:
         raise HTTPException(status_code=404, detail="no Tune run with a plot yet")
@@ -330,27 +363,28 @@ async def require_airflow_user(request: Request) -> Any:
     return await get_user(request, _oauth_token=None, bearer_credentials=await _BEARER(request))
 
 
-def build_app(*, authenticate: bool = True) -> FastAPI:
-    """The page's FastAPI app; ``authenticate`` asks for an Airflow login, as every UI page does.
+def build_app() -> FastAPI:
+    """The page's FastAPI app: every route needs an Airflow login and shows what that user may read.
 
     Plugin apps are not behind Airflow's authentication by themselves, so every route depends on
     Airflow's ``get_user`` (the UI's session cookie reaches the page's iframe, which is on the same
-    origin). ``authenticate=False`` is for running the page outside the api-server.
+    origin); the user it returns is the auth manager's own user object, which the auth manager is
+    then asked about each DAG.
     """
-    dependencies = [Depends(require_airflow_user)] if authenticate else []
-    app = FastAPI(title="Ray ML", dependencies=dependencies, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="Ray ML", dependencies=[Depends(require_airflow_user)], docs_url=None, redoc_url=None,
+                  openapi_url=None)
 
     @app.get("/", response_class=HTMLResponse)
-    def page() -> HTMLResponse:
-        return HTMLResponse(render(collect()), headers={"Cache-Control": "no-store"})
+    def page(user: Any = Depends(require_airflow_user)) -> HTMLResponse:
+        return HTMLResponse(render(collect(user)), headers={"Cache-Control": "no-store"})
 
     @app.get("/plot.png")
-    def plot() -> Response:
-        return Response(plot_bytes(), media_type="image/png", headers={"Cache-Control": "no-store"})
+    def plot(user: Any = Depends(require_airflow_user)) -> Response:
+        return Response(plot_bytes(user), media_type="image/png", headers={"Cache-Control": "no-store"})
 
     @app.get("/status.json")
-    def status() -> dict[str, Any]:
-        data = collect()
+    def status(user: Any = Depends(require_airflow_user)) -> dict[str, Any]:
+        data = collect(user)
         return {
             "conn_id": data.conn_id,
             "dashboard_url": data.dashboard_url,

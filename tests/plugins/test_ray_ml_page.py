@@ -13,8 +13,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
-import tempfile
 import time
 import zlib
 from datetime import datetime, timezone
@@ -24,7 +22,8 @@ import pytest
 import requests
 
 from airflow_ray_ml.plugins import ray_ml
-from tests.conftest import ROOT, load_dag
+from tests.conftest import load_dag
+from tests.plugins.api_server import running_api_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PLUGIN_NAME = "ray_ml"
@@ -138,42 +137,10 @@ def served_and_tuned(airflow_db, ray_conn, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api_server(served_and_tuned, tmp_path_factory):
-    """Airflow's api-server app (with every plugin) under uvicorn on a free loopback port."""
-    from airflow_ray_ml_stages.localcluster import free_port
-
-    port = free_port()
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include"), os.environ.get("PYTHONPATH", "")]),
-           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-           "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}"}
-    log = open(tmp_path_factory.mktemp("api") / "api-server.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "airflow.api_fastapi.app:create_app", "--factory",
-         "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert process.poll() is None, Path(log.name).read_text()[-3000:]
-            try:
-                if requests.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the api-server did not answer within 90 s: {Path(log.name).read_text()[-3000:]}")
+    """Airflow's api-server app (with every plugin) under uvicorn on a free loopback port, all admins."""
+    with running_api_server(tmp_path_factory.mktemp("api"),
+                            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True") as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 @pytest.mark.integration
