@@ -252,8 +252,7 @@ def report_failures(client: AirflowClient, run_id: str, tis: list[dict]) -> None
                                       headers={"Accept": "application/json"}, timeout=30)
         content = response.json().get("content") if response.ok else None
         error = task_error(content if isinstance(content, list) else []) or "(no error in its log; see the log)"
-        print(f"
-{task_id} failed (try {attempt}): {error}")
+        print(f"\n{task_id} failed (try {attempt}): {error}")
         print(f"  log: {AIRFLOW_URL}/dags/{DAG_ID}/runs/{run_id}/tasks/{task_id}?try_number={attempt}")
         log_file = AIRFLOW_HOME / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={task_id}" / \
             f"attempt={attempt}.log"
