@@ -49,3 +49,25 @@ with DAG(dag_id="core_execution_timeout", schedule=None, start_date=datetime(202
     RayJobOperator(task_id="make_data", stage="generate", spec={"rows": 2_000_000, "seed": 3}, deferrable=False,
                    poll_interval_s=0.3, execution_timeout=timedelta(seconds=8))
 core_sigterm = _generate_dag("core_sigterm", rows=2_000_000)
+
+
+class _AttemptLostOperator(RayJobOperator):
+    """Its first try ends while its job runs, as a worker that died would (no on_kill); Airflow's
+    retry then runs the task again."""
+
+    def wait(self, submission_id: str) -> int:
+        import time
+
+        from airflow.sdk import get_current_context
+
+        if get_current_context()["ti"].try_number == 1:
+            while self.hook.get_job_status(submission_id).value != "RUNNING":
+                time.sleep(0.1)
+            raise RuntimeError(f"test: the first try's worker is lost while Ray job {submission_id} runs")
+        return super().wait(submission_id)
+
+
+with DAG(dag_id="core_retry_attaches", schedule=None, start_date=datetime(2026, 1, 1),
+         catchup=False) as core_retry_attaches:
+    _AttemptLostOperator(task_id="make_data", stage="generate", spec={"rows": 400_000, "seed": 3}, deferrable=False,
+                         poll_interval_s=0.3, retries=1, retry_delay=timedelta(seconds=1))

@@ -163,3 +163,19 @@ def test_sigterm_to_the_task_process_stops_the_job(airflow_db, ray_conn, tmp_pat
             worker.wait()
     assert "Stopping Ray job" in worker_log.read_text()
 
+
+
+def test_airflows_retry_attaches_to_the_job_its_lost_try_left_running(airflow_db, ray_conn):
+    """The first try ends while its job runs; Airflow's retry (try 2) follows that job: no second job."""
+    import structlog
+
+    with structlog.testing.capture_logs() as records:
+        dag_run = _run("core_retry_attaches")
+    (ti,) = dag_run.get_task_instances()
+    assert dag_run.state == "success" and ti.try_number == 2
+    base_id = base_submission_id("core_retry_attaches", dag_run.run_id, "make_data")
+    jobs = _jobs_of(RayHook(), base_id)
+    assert [job["submission_id"] for job in jobs] == [base_id] and jobs[0]["status"] == "SUCCEEDED"
+    decisions = [r["event"] for r in records if str(r.get("event", "")).startswith(f"Ray job {base_id}: ")]
+    assert [d.split(": ")[1].split(";")[0] for d in decisions] == ["submit", "attach"]  # attached while RUNNING
+    assert _xcom(dag_run, "make_data")["rows"] == 400_000
