@@ -1,11 +1,11 @@
 """Reliability under faults: each fault made on a local stack this bench starts, one table of results.
 
-Every fault gets a fresh local 2-CPU Ray cluster (token auth, no GPU advertised, bound to
-127.0.0.1) and a throw-away Airflow home with a SQLite metadata DB. Tasks run as they do in the
-tests: ``dag.test()`` on the small DAGs of ``bench/fault_dags.py``, each in its own process (its own
-session, so the bench can SIGKILL it as a crashed worker dies), with the run conf naming the data.
-The data is the generated wine data (the generate and data stages as Ray jobs, a few thousand
-rows).
+The bench starts one local 2-CPU Ray cluster (token auth, no GPU advertised, bound to 127.0.0.1)
+and a throw-away Airflow home with a SQLite metadata DB, and makes the faults one after the other.
+Tasks run as they do in the tests: ``dag.test()`` on the small DAGs of ``bench/fault_dags.py``, each
+in its own process (its own session, so the bench can SIGKILL it as a crashed worker dies), with
+the run conf naming the data: the generated wine data (the generate and data stages as Ray jobs,
+4,000 rows).
 
 - ``promotion``: 16 client threads POST ``/predict`` to a served application without pause while
   the deploy DAG promotes a better model (a hot swap through RayServeDeployOperator); again while a
@@ -333,11 +333,11 @@ def _log_time(log: str, marker: str) -> float:
     raise RuntimeError(f"no {marker!r} line in the task's log")
 
 
-def _promote(stack: Stack, clients: Clients, conf: dict, index: int) -> dict:
+def _promote(work: str, clients: Clients, conf: dict, index: int) -> dict:
     """Promote conf['model'] while the clients run: the figures of the deploy task's run (from its
     start to its end, as its log says) and of the load before it, while its process started."""
     called = max(time.time(), clients.started + 1)
-    task = TaskRun(stack.work, "fault_deploy", logical_date(index), conf, f"deploy-{index}")
+    task = TaskRun(work, "fault_deploy", logical_date(index), conf, f"deploy-{index}")
     result = task.wait()
     time.sleep(1.0)  # the last answers of the new version
     log = task.log()
@@ -346,42 +346,40 @@ def _promote(stack: Stack, clients: Clients, conf: dict, index: int) -> dict:
             "last_version": next((what for _, ok, what in reversed(clients.answers) if ok), None)}
 
 
-def fault_promotion(work: str, args) -> list[dict]:
-    stack = Stack(work)
+def fault_promotion(stack: Stack, prep: dict, work: str, args) -> list[dict]:
+    models = {name: stack.run_stage("train", train_spec(work, f"model-{name}", prep, config, num_workers=0))
+              for name, config in MODELS.items()}
+    first = TaskRun(work, "fault_deploy", logical_date(0), {"model": models["worse"], "data": prep}, "deploy-0")
+    result = first.wait()
+    if result["state"] != "success":
+        raise RuntimeError(f"the first deploy failed; its log's end:\n{first.log()[-3000:]}")
+    url = f"http://127.0.0.1:{stack.serve_port}/fault-wine/predict"
+    clients = Clients(url, args.clients)
+    clients.start()
+    rows = []
     try:
-        stack.start()
-        prep = stack.prepared_data()
-        models = {name: stack.run_stage("train", train_spec(work, f"model-{name}", prep, config, num_workers=0))
-                  for name, config in MODELS.items()}
-        first = TaskRun(work, "fault_deploy", logical_date(0), {"model": models["worse"], "data": prep}, "deploy-0")
-        result = first.wait()
-        if result["state"] != "success":
-            raise RuntimeError(f"the first deploy failed; its log's end:\n{first.log()[-3000:]}")
-        url = f"http://127.0.0.1:{stack.serve_port}/fault-wine/predict"
-        clients = Clients(url, args.clients)
-        clients.start()
-        rows = []
-        try:
-            # the deploy's task process starts under full load (on 2 CPUs that takes 10-40 s): Serve's
-            # autoscaler has added its second replica by the time the task runs
-            quiet = _promote(stack, clients, {"model": models["good"], "data": prep}, 1)
-            rows.append(_promotion_row(f"a promotion under {args.clients} concurrent clients", quiet,
-                                       models["good"]["model_version"]))
-            # a training job (the train stage, local mode, in the job's process) on the same 2 CPUs
-            training = stack.submit("train", train_spec(work, "busy-train", prep, {
-                "family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 400, "patience": 0}, num_workers=0))
-            wait_for_file(f"{work}/busy-train/workers/rank0-pid*.json", 120)  # its loop is training
-            busy = _promote(stack, clients, {"model": models["better"], "data": prep}, 2)
-            status = stack.hook().get_job_status(training)
-            busy["training_status"] = status.value if status else "missing"
-            stack.hook().stop_job(training)
-            rows.append(_promotion_row(f"the same while a training job shares the {2} CPUs", busy,
-                                       models["better"]["model_version"]))
-        finally:
-            clients.stop()
-        return rows
+        # the deploy's task process starts under full load (on 2 CPUs that takes 10-40 s): Serve's
+        # autoscaler has added its second replica by the time the task runs
+        quiet = _promote(work, clients, {"model": models["good"], "data": prep}, 1)
+        rows.append(_promotion_row(f"a promotion under {args.clients} concurrent clients", quiet,
+                                   models["good"]["model_version"]))
+        # a training job (the train stage, local mode, in the job's process) on the same 2 CPUs
+        training = stack.submit("train", train_spec(work, "busy-train", prep, {
+            "family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 400, "patience": 0}, num_workers=0))
+        wait_for_file(f"{work}/busy-train/workers/rank0-pid*.json", 120)  # its loop is training
+        busy = _promote(work, clients, {"model": models["better"], "data": prep}, 2)
+        status = stack.hook().get_job_status(training)
+        busy["training_status"] = status.value if status else "missing"
+        stack.hook().stop_job(training)
+        rows.append(_promotion_row(f"the same while a training job shares the {2} CPUs", busy,
+                                   models["better"]["model_version"]))
     finally:
-        stack.stop()
+        clients.stop()
+        # Serve down again (its replicas reserve CPUs), for the faults that follow on this cluster
+        from airflow_ray_ml.hooks.ray import SERVE_APPLICATIONS_ENDPOINT
+
+        stack.hook().request("DELETE", SERVE_APPLICATIONS_ENDPOINT)
+    return rows
 
 
 def _promotion_row(name: str, promoted: dict, new_version: str) -> dict:
@@ -405,63 +403,60 @@ def _promotion_row(name: str, promoted: dict, new_version: str) -> dict:
 # -- 2. the task process SIGKILLed mid-job ---------------------------------------------------------
 
 
-def _kill_task_mid_job(stack: Stack, dag_id: str, task_id: str, conf: dict, index: int, settle) -> dict:
+def _kill_task_mid_job(stack: Stack, work: str, dag_id: str, task_id: str, conf: dict, index: int, settle) -> dict:
     from airflow_ray_ml.job_status import base_submission_id
 
-    first = TaskRun(stack.work, dag_id, logical_date(index), conf, f"{dag_id}-try1")
+    first = TaskRun(work, dag_id, logical_date(index), conf, f"{dag_id}-try1")
     try:
         job = stack.wait_for_running_job(dag_id, task_id, first)
         settle(first)
     finally:
         first.kill()
-    killed_at = time.monotonic()
+    killed_at = time.time()
     status_at_retry = stack.hook().get_job_status(job["submission_id"])
-    retry = TaskRun(stack.work, dag_id, logical_date(index), conf, f"{dag_id}-try2")
+    retry = TaskRun(work, dag_id, logical_date(index), conf, f"{dag_id}-try2")
     result = retry.wait()
-    decisions = re.findall(rf"Ray job ({re.escape(job['submission_id'])}\S*): (submit|attach|reuse);", retry.log())
+    log = retry.log()
+    decisions = re.findall(rf"Ray job ({re.escape(job['submission_id'])}\S*): (submit|attach|reuse);", log)
+    decided_after = _log_time(log, f"Ray job {decisions[0][0]}: {decisions[0][1]};") - killed_at if decisions else None
     jobs = stack.jobs_of(dag_id, task_id)
-    base = base_submission_id(dag_id, result["run_id"], task_id)
-    ids = sorted(j["submission_id"] for j in jobs)
-    return {"ids": ids, "base": base, "status_at_retry": status_at_retry.value if status_at_retry else "missing",
-            "decision": decisions[0][1] if decisions else "not logged", "state": result["state"],
-            "job_status": {j["submission_id"]: j["status"] for j in jobs}, "retry_after_kill_s": retry.started - killed_at}
+    return {"ids": sorted(j["submission_id"] for j in jobs), "base": base_submission_id(dag_id, result["run_id"], task_id),
+            "status_at_retry": status_at_retry.value if status_at_retry else "missing",
+            "decision": decisions[0][1] if decisions else "not logged", "decided_after_s": decided_after,
+            "state": result["state"], "job_status": {j["submission_id"]: j["status"] for j in jobs}}
 
 
-def fault_kill_task(work: str, args) -> list[dict]:
-    stack = Stack(work)
+def fault_kill_task(stack: Stack, prep: dict, work: str, args) -> list[dict]:
     rows = []
-    try:
-        stack.start()
-        prep = stack.prepared_data()
-        # xgboost trials to their end, 1 CPU each, two at a time: the search outlasts the kill and the
-        # retry's start (a task process takes 10-25 s from its start to its decision on this machine)
-        tune_conf = {"data": prep, "num_samples": 4, "search_space": {
-            "family": "xgboost", "scaler": "standard",
-            "xgboost": {"max_depth": {"randint": [4, 9]}, "eta": {"loguniform": [0.02, 0.1]},
-                        "num_boost_round": 4000, "early_stopping_rounds": 0}}}
-        tuned = _kill_task_mid_job(stack, "fault_tune", "tune", tune_conf, 10, settle=lambda task: time.sleep(5))
-        rows.append(_kill_task_row("the Airflow task SIGKILLed mid-tune (RayTuneOperator)", tuned))
-        train_conf = {"data": prep, "config": {"family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 200,
-                                               "patience": 0}}
+    # xgboost trials to their end, 1 CPU each, two at a time: the search outlasts the kill and the
+    # retry's start (a task process takes 10-25 s from its start to its decision on this machine)
+    tune_conf = {"data": prep, "num_samples": 4, "search_space": {
+        "family": "xgboost", "scaler": "standard",
+        "xgboost": {"max_depth": {"randint": [4, 9]}, "eta": {"loguniform": [0.02, 0.1]},
+                    "num_boost_round": 4000, "early_stopping_rounds": 0}}}
+    tuned = _kill_task_mid_job(stack, work, "fault_tune", "tune", tune_conf, 10, settle=lambda task: time.sleep(5))
+    rows.append(_kill_task_row("the Airflow task SIGKILLed mid-tune (RayTuneOperator)", tuned))
+    train_conf = {"data": prep, "config": {"family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 200,
+                                           "patience": 0}}
 
-        def training_started(task: TaskRun) -> None:  # the loop has announced its worker: mid-training
-            wait_for_file(f"{stack.artifact_root}/fault_train/*/train/workers/rank0-pid*.json", 120, task)
-            time.sleep(1)
+    def training_started(task: TaskRun) -> None:  # the loop has announced its worker: mid-training
+        wait_for_file(f"{stack.artifact_root}/fault_train/*/train/workers/rank0-pid*.json", 120, task)
+        time.sleep(1)
 
-        trained = _kill_task_mid_job(stack, "fault_train", "train", train_conf, 11, settle=training_started)
-        rows.append(_kill_task_row("the Airflow task SIGKILLed mid-train (RayTrainOperator)", trained))
-        return rows
-    finally:
-        stack.stop()
+    trained = _kill_task_mid_job(stack, work, "fault_train", "train", train_conf, 11, settle=training_started)
+    rows.append(_kill_task_row("the Airflow task SIGKILLed mid-train (RayTrainOperator)", trained))
+    return rows
 
 
 def _kill_task_row(name: str, found: dict) -> dict:
     one = found["ids"] == [found["base"]]
     met = one and found["status_at_retry"] == "RUNNING" and found["decision"] == "attach" and found["state"] == "success"
-    result = (f"{len(found['ids'])} Ray job(s) for the task run "
-              f"({', '.join(f'{i[-20:]} {s}' for i, s in found['job_status'].items())}); "
-              f"job {found['status_at_retry']} when the retry began ({found['retry_after_kill_s']:.1f} s after the "
-              f"kill); the retry's decision: {found['decision']}; DAG run {found['state']}")
+    jobs = ", ".join(f"{'its own id' if i == found['base'] else i} {s}" for i, s in found["job_status"].items())
+    decided = "" if found["decided_after_s"] is None else f" {found['decided_after_s']:.0f} s after the kill"
+    result = (f"{len(found['ids'])} Ray job(s) for the task run ({jobs}); RUNNING when the retry's process started; "
+              f"the retry's decision{decided}: {found['decision']}; DAG run {found['state']}")
+    if found["status_at_retry"] != "RUNNING":
+        result = result.replace("RUNNING when", f"{found['status_at_retry']} when")
     return {"fault": name, "measured": "Ray jobs started for the task run; did the retry re-attach",
             "result": result, "goal": "1 job; re-attached to the RUNNING job", "met": met}
 
@@ -481,50 +476,44 @@ def _registered_checkpoint(run_dir: str) -> dict | None:
     return None
 
 
-def fault_kill_worker(work: str, args) -> list[dict]:
-    stack = Stack(work)
+def fault_kill_worker(stack: Stack, prep: dict, work: str, args) -> list[dict]:
+    epochs = 12
+    conf = {"data": prep, "config": {"family": "lightning", "hidden_sizes": [32, 16], "max_epochs": epochs,
+                                     "patience": 0}}
+    task = TaskRun(work, "fault_train_worker", logical_date(20), conf, "train-worker")
+    killed, checkpoint = None, None
     try:
-        stack.start()
-        prep = stack.prepared_data()
-        epochs = 12
-        conf = {"data": prep, "config": {"family": "lightning", "hidden_sizes": [32, 16], "max_epochs": epochs,
-                                         "patience": 0}}
-        task = TaskRun(work, "fault_train_worker", logical_date(20), conf, "train-worker")
-        killed, checkpoint = None, None
-        try:
-            deadline = time.monotonic() + 300
-            while killed is None and time.monotonic() < deadline and task.process.poll() is None:
-                for run_dir in glob.glob(f"{stack.artifact_root}/fault_train_worker/*/train"):
-                    pids = glob.glob(os.path.join(run_dir, "workers", "rank0-pid*.json"))
-                    checkpoint = _registered_checkpoint(run_dir)
-                    # a few checkpoints in (a third of the epochs), so a resume from the first would show
-                    if pids and checkpoint and (checkpoint.get("metrics") or {}).get("epoch", -1) + 1 >= epochs // 3:
-                        killed = json.loads(Path(pids[0]).read_text())["pid"]
-                        os.kill(killed, signal.SIGKILL)
-                        break
-                time.sleep(0.05)
-            result = task.wait()
-        finally:
-            task.kill()
-        if killed is None:
-            raise RuntimeError(f"no worker with a registered checkpoint was seen; the task's log:\n{task.log()[-3000:]}")
-        manifest = result["xcom"].get("train.return_value") or {}
-        training = manifest.get("training") or {}
-        metrics = (checkpoint or {}).get("metrics") or {}
-        last_epoch = metrics.get("epoch")
-        last_done = None if last_epoch is None else int(last_epoch) + 1  # Lightning's epoch index, 0-based
-        resumed = training.get("resumed_from_epoch")
-        met = (result["state"] == "success" and (training.get("restarts") or 0) >= 1 and resumed is not None
-               and last_done is not None and resumed >= last_done and training.get("epochs_run") == epochs)
-        text = (f"worker pid {killed} killed after the checkpoint of epoch {last_done if last_done is not None else '?'} "
-                f"of {epochs} was registered; restarts {training.get('restarts')}, worker starts "
-                f"{training.get('worker_starts')}, resumed_from_epoch {resumed}, epochs run "
-                f"{training.get('epochs_run')}; task {result['tasks'].get('train', {}).get('state')}")
-        return [{"fault": "a Ray Train worker SIGKILLed mid-training (1 worker, checkpoint every epoch)",
-                 "measured": "restarts, the epoch it resumed from, the task's end",
-                 "result": text, "goal": "resumed from the last checkpoint; task succeeded", "met": met}]
+        deadline = time.monotonic() + 300
+        while killed is None and time.monotonic() < deadline and task.process.poll() is None:
+            for run_dir in glob.glob(f"{stack.artifact_root}/fault_train_worker/*/train"):
+                pids = glob.glob(os.path.join(run_dir, "workers", "rank0-pid*.json"))
+                checkpoint = _registered_checkpoint(run_dir)
+                # a few checkpoints in (a third of the epochs), so a resume from the first would show
+                if pids and checkpoint and (checkpoint.get("metrics") or {}).get("epoch", -1) + 1 >= epochs // 3:
+                    killed = json.loads(Path(pids[0]).read_text())["pid"]
+                    os.kill(killed, signal.SIGKILL)
+                    break
+            time.sleep(0.05)
+        result = task.wait()
     finally:
-        stack.stop()
+        task.kill()
+    if killed is None:
+        raise RuntimeError(f"no worker with a registered checkpoint was seen; the task's log:\n{task.log()[-3000:]}")
+    manifest = result["xcom"].get("train.return_value") or {}
+    training = manifest.get("training") or {}
+    metrics = (checkpoint or {}).get("metrics") or {}
+    last_epoch = metrics.get("epoch")
+    last_done = None if last_epoch is None else int(last_epoch) + 1  # Lightning's epoch index, 0-based
+    resumed = training.get("resumed_from_epoch")
+    met = (result["state"] == "success" and (training.get("restarts") or 0) >= 1 and resumed is not None
+           and last_done is not None and resumed >= last_done and training.get("epochs_run") == epochs)
+    text = (f"worker pid {killed} killed after the checkpoint of epoch {last_done if last_done is not None else '?'} "
+            f"of {epochs} was registered; restarts {training.get('restarts')}, worker starts "
+            f"{training.get('worker_starts')}, resumed_from_epoch {resumed}, epochs run "
+            f"{training.get('epochs_run')}; task {result['tasks'].get('train', {}).get('state')}")
+    return [{"fault": "a Ray Train worker SIGKILLed mid-training (1 worker, checkpoint every epoch)",
+             "measured": "restarts, the epoch it resumed from, the task's end",
+             "result": text, "goal": "resumed from the last checkpoint; task succeeded", "met": met}]
 
 
 # -- 4. the head stopped mid-run --------------------------------------------------------------------
@@ -539,51 +528,46 @@ def task_state(dag_id: str, task_id: str) -> tuple[str | None, int | None]:
     return (row[0], row[1]) if row else (None, None)
 
 
-def fault_head(work: str, args) -> list[dict]:
-    stack = Stack(work)
+def fault_head(stack: Stack, prep: dict, work: str, args) -> list[dict]:
+    first = stack.cluster
+    # long enough that the job is still training when the head is gone (stopping takes seconds)
+    conf = {"data": prep, "config": {"family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 100,
+                                     "patience": 0}}
+    task = TaskRun(work, "fault_head", logical_date(30), conf, "head")
     try:
-        first = stack.start()
-        prep = stack.prepared_data()
-        # long enough that the job is still training when the head is gone (stopping takes seconds)
-        conf = {"data": prep, "config": {"family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 100,
-                                         "patience": 0}}
-        task = TaskRun(work, "fault_head", logical_date(30), conf, "head")
-        try:
-            stack.wait_for_running_job("fault_head", "train", task)
-            wait_for_file(f"{stack.artifact_root}/fault_head/*/train/workers/rank0-pid*.json", 120, task)
-            stopping = time.monotonic()
-            first.stop()  # the head and everything of its session; the task process is left as it is
-            stopped_s = time.monotonic() - stopping
-            # the task's first try fails (up for retry); then a new cluster on the same ports, same token
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and task.process.poll() is None:
-                state, try_number = task_state("fault_head", "train")
-                if state == "up_for_retry":
-                    break
-                time.sleep(0.2)
-            failed_after = time.monotonic() - stopping
-            stack.start(dashboard_port=first.dashboard_port, gcs_port=first.gcs_port)
-            restarted_after = time.monotonic() - stopping
-            result = task.wait()
-        finally:
-            task.kill()
-        log = task.log()
-        expected = f"Cannot reach the Ray cluster at {first.dashboard_url}"
-        # the exception the first try failed with (the traceback's last line), not the lost-stream warning
-        error_lines = [line for line in log.splitlines() if "RayClusterUnreachableError: " in line]
-        matched = any(f"RayClusterUnreachableError: {expected}" in line for line in error_lines)
-        try_number = result["tasks"].get("train", {}).get("try_number")
-        succeeded = result["state"] == "success" and (try_number or 0) >= 2
-        text = (f"the stop took {stopped_s:.1f} s; first try up for retry {failed_after:.1f} s after the stop began"
-                f" ({'its error names the unreachable cluster' if matched else 'no unreachable-cluster error in its log'}"
-                f"{': ' + _short(error_lines[-1]) if error_lines else ''}); new cluster up {restarted_after:.1f} s "
-                f"after it; retry on it: {'succeeded' if succeeded else 'did not succeed'} (try {try_number}, "
-                f"DAG run {result['state']})")
-        return [{"fault": "the Ray head stopped mid-run (train job running)",
-                 "measured": "the task's error; the retry on a new cluster on the same ports",
-                 "result": text, "goal": "error says unreachable; retry succeeds", "met": matched and succeeded}]
+        stack.wait_for_running_job("fault_head", "train", task)
+        wait_for_file(f"{stack.artifact_root}/fault_head/*/train/workers/rank0-pid*.json", 120, task)
+        stopping = time.monotonic()
+        first.stop()  # the head and everything of its session; the task process is left as it is
+        stopped_s = time.monotonic() - stopping
+        # the task's first try fails (up for retry); then a new cluster on the same ports, same token
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and task.process.poll() is None:
+            state, try_number = task_state("fault_head", "train")
+            if state == "up_for_retry":
+                break
+            time.sleep(0.2)
+        failed_after = time.monotonic() - stopping
+        stack.start(dashboard_port=first.dashboard_port, gcs_port=first.gcs_port)
+        restarted_after = time.monotonic() - stopping
+        result = task.wait()
     finally:
-        stack.stop()
+        task.kill()
+    log = task.log()
+    expected = f"Cannot reach the Ray cluster at {first.dashboard_url}"
+    # the exception the first try failed with (the traceback's last line), not the lost-stream warning
+    error_lines = [line for line in log.splitlines() if "RayClusterUnreachableError: " in line]
+    matched = any(f"RayClusterUnreachableError: {expected}" in line for line in error_lines)
+    try_number = result["tasks"].get("train", {}).get("try_number")
+    succeeded = result["state"] == "success" and (try_number or 0) >= 2
+    text = (f"the stop took {stopped_s:.1f} s; first try up for retry {failed_after:.1f} s after the stop began"
+            f" ({'its error names the unreachable cluster' if matched else 'no unreachable-cluster error in its log'}"
+            f"{': ' + _short(error_lines[-1]) if error_lines else ''}); new cluster up {restarted_after:.1f} s "
+            f"after it; retry on it: {'succeeded' if succeeded else 'did not succeed'} (try {try_number}, "
+            f"DAG run {result['state']})")
+    return [{"fault": "the Ray head stopped mid-run (train job running)",
+             "measured": "the task's error; the retry on a new cluster on the same ports",
+             "result": text, "goal": "error says unreachable; retry succeeds", "met": matched and succeeded}]
 
 
 def _short(line: str) -> str:
@@ -613,17 +597,24 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     args = parser.parse_args()
     started = time.monotonic()
-    home = tempfile.mkdtemp(prefix="bench-faults-airflow-")
-    airflow_env(home)
+    work_root = tempfile.mkdtemp(prefix="bench-faults-")
+    airflow_env(os.path.join(work_root, "airflow"))
     runners = {"promotion": fault_promotion, "kill_task": fault_kill_task, "kill_worker": fault_kill_worker,
                "head": fault_head}
+    # one cluster and one data set for every fault (the head fault replaces the cluster, so it runs last)
+    selected = [name for name in FAULTS if name in (args.only or FAULTS)]
     rows: list[dict] = []
+    stack = Stack(work_root)
     try:
-        for name in args.only or FAULTS:
-            work = tempfile.mkdtemp(prefix=f"bench-faults-{name}-")
+        stack.start()
+        prep = stack.prepared_data()
+        print(f"cluster up and data prepared in {time.monotonic() - started:.0f} s; logs in {work_root}", flush=True)
+        for name in selected:
+            work = os.path.join(work_root, name)
+            os.makedirs(work)
             fault_started = time.monotonic()
             try:
-                found = runners[name](work, args)
+                found = runners[name](stack, prep, work, args)
             except KeyboardInterrupt:
                 raise
             except Exception as err:  # one fault's failure is reported, the others still run
@@ -636,6 +627,7 @@ def main() -> int:
             rows.extend(found)
     finally:
         stop_children()
+        stack.stop()
     print_table(rows, time.monotonic() - started)
     return 0
 
