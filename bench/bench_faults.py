@@ -206,7 +206,7 @@ class Stack:
     def hook(self):
         from airflow_ray_ml.hooks.ray import RayHook
 
-        return RayHook()
+        return RayHook(timeout_s=120)  # the dashboard answers slowly on a 2-CPU machine under full load
 
     def submit(self, stage: str, spec: dict, submission_id: str | None = None) -> str:
         from airflow_ray_ml.ray_job import RAYML_PACKAGE_DIR
@@ -333,20 +333,45 @@ def _log_time(log: str, marker: str) -> float:
     raise RuntimeError(f"no {marker!r} line in the task's log")
 
 
-def _promote(work: str, clients: Clients, conf: dict, index: int) -> dict:
+def _wait_for_log(task: TaskRun, marker: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while marker not in task.log():
+        if task.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the task never logged {marker!r}; its log's end:\n{task.log()[-3000:]}")
+        time.sleep(0.1)
+
+
+def _promote(stack: Stack, work: str, url: str, args, conf: dict, index: int, training: str | None = None) -> dict:
     """Promote conf['model'] while the clients run: the figures of the deploy task's run (from its
-    start to its end, as its log says) and of the load before it, while its process started."""
-    called = max(time.time(), clients.started + 1)
+    start to its end, as its log says) and of the load before it.
+
+    The clients start once the task process has loaded its DAG and begins the task (Airflow's
+    start-up, which no promotion depends on, is not run under the load); the task's own start-up
+    then runs under it, which gives Serve's autoscaler time to add its second replica.
+    """
     task = TaskRun(work, "fault_deploy", logical_date(index), conf, f"deploy-{index}")
-    result = task.wait()
-    time.sleep(1.0)  # the last answers of the new version
+    _wait_for_log(task, "[DAG TEST] running task")
+    clients = Clients(url, args.clients)
+    clients.start()
+    try:
+        result = task.wait()
+        time.sleep(1.0)  # the last answers of the new version
+        training_status = None
+        if training:  # still training when the promotion was over?
+            status = stack.hook().get_job_status(training)
+            training_status = status.value if status else "missing"
+    finally:
+        clients.stop()
     log = task.log()
     began, ended = _log_time(log, "Task started"), _log_time(log, "[DAG TEST] end task")
-    return {"result": result, "during": clients.window(began, ended), "before": clients.window(called, began),
+    return {"result": result, "during": clients.window(began, ended),
+            "before": clients.window(clients.started + 1, began), "training_status": training_status,
             "last_version": next((what for _, ok, what in reversed(clients.answers) if ok), None)}
 
 
 def fault_promotion(stack: Stack, prep: dict, work: str, args) -> list[dict]:
+    from airflow_ray_ml.hooks.ray import SERVE_APPLICATIONS_ENDPOINT
+
     models = {name: stack.run_stage("train", train_spec(work, f"model-{name}", prep, config, num_workers=0))
               for name, config in MODELS.items()}
     first = TaskRun(work, "fault_deploy", logical_date(0), {"model": models["worse"], "data": prep}, "deploy-0")
@@ -354,31 +379,28 @@ def fault_promotion(stack: Stack, prep: dict, work: str, args) -> list[dict]:
     if result["state"] != "success":
         raise RuntimeError(f"the first deploy failed; its log's end:\n{first.log()[-3000:]}")
     url = f"http://127.0.0.1:{stack.serve_port}/fault-wine/predict"
-    clients = Clients(url, args.clients)
-    clients.start()
     rows = []
+    training = None
     try:
-        # the deploy's task process starts under full load (on 2 CPUs that takes 10-40 s): Serve's
-        # autoscaler has added its second replica by the time the task runs
-        quiet = _promote(work, clients, {"model": models["good"], "data": prep}, 1)
+        quiet = _promote(stack, work, url, args, {"model": models["good"], "data": prep}, 1)
         rows.append(_promotion_row(f"a promotion under {args.clients} concurrent clients", quiet,
                                    models["good"]["model_version"]))
         # a training job (the train stage, local mode, in the job's process) on the same 2 CPUs
         training = stack.submit("train", train_spec(work, "busy-train", prep, {
-            "family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 400, "patience": 0}, num_workers=0))
+            "family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 1000, "patience": 0}, num_workers=0))
         wait_for_file(f"{work}/busy-train/workers/rank0-pid*.json", 120)  # its loop is training
-        busy = _promote(work, clients, {"model": models["better"], "data": prep}, 2)
-        status = stack.hook().get_job_status(training)
-        busy["training_status"] = status.value if status else "missing"
-        stack.hook().stop_job(training)
-        rows.append(_promotion_row(f"the same while a training job shares the {2} CPUs", busy,
+        busy = _promote(stack, work, url, args, {"model": models["better"], "data": prep}, 2, training=training)
+        rows.append(_promotion_row("the same while a training job shares the 2 CPUs", busy,
                                    models["better"]["model_version"]))
     finally:
-        clients.stop()
-        # Serve down again (its replicas reserve CPUs), for the faults that follow on this cluster
-        from airflow_ray_ml.hooks.ray import SERVE_APPLICATIONS_ENDPOINT
-
-        stack.hook().request("DELETE", SERVE_APPLICATIONS_ENDPOINT)
+        # the training job stopped and Serve shut down (its replicas reserve CPUs), for the faults that
+        # follow on this cluster; a slow answer here costs no measured figure
+        try:
+            if training:
+                stack.hook().stop_job(training)
+            stack.hook().request("DELETE", SERVE_APPLICATIONS_ENDPOINT)
+        except Exception as err:  # noqa: BLE001
+            print(f"[promotion] clean-up: {err}", flush=True)
     return rows
 
 
@@ -393,7 +415,7 @@ def _promotion_row(name: str, promoted: dict, new_version: str) -> dict:
               f"longest gap {during['max_gap_s']:.3f} s (before the promotion: {before['max_gap_s']:.3f} s over "
               f"{before['seconds']:.0f} s); deploy task {state}, {action}; answers by version "
               f"{'/'.join(str(n) for n in during['versions'].values())}, last {'new' if promoted['last_version'] == new_version else 'old'}")
-    if "training_status" in promoted:
+    if promoted["training_status"]:
         result += f"; training job {promoted['training_status']} at the end"
     return {"fault": name, "measured": "requests, failures, longest time without a successful answer while the "
             "deploy task ran (its log's start to end)",
