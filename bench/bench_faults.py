@@ -7,11 +7,12 @@ in its own process (its own session, so the bench can SIGKILL it as a crashed wo
 the run conf naming the data: the generated wine data (the generate and data stages as Ray jobs,
 4,000 rows).
 
-- ``promotion``: 16 client threads POST ``/predict`` to a served application without pause while
-  the deploy DAG promotes a better model (a hot swap through RayServeDeployOperator); again while a
-  training job (the train stage, local mode) runs on the same CPUs. Counted: requests, failures
-  (non-200 answers and exceptions), and the longest time without any successful answer across all
-  clients, from the deploy task's start to its end.
+- ``promotion``: 16 client threads POST ``/predict`` to a served application without pause; once
+  Serve's autoscaler has its second replica up, the deploy DAG promotes a better model (a hot swap
+  through RayServeDeployOperator); then again while a training job (the train stage, local mode)
+  runs on the same CPUs. Counted: requests, failures (non-200 answers and exceptions), and the
+  longest time without any successful answer across all clients, from the deploy task's start to
+  its end (the times its log gives); the same longest gap while its process started, for reference.
 - ``kill_task``: the task process running RayTuneOperator, then RayTrainOperator, is SIGKILLed (its
   whole process group) while its Ray job is RUNNING; then the same DAG run goes again (same logical
   date, so the same run id, as Airflow's retry of that task run). Counted: the Ray jobs of that task
@@ -333,39 +334,28 @@ def _log_time(log: str, marker: str) -> float:
     raise RuntimeError(f"no {marker!r} line in the task's log")
 
 
-def _wait_for_log(task: TaskRun, marker: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while marker not in task.log():
-        if task.process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the task never logged {marker!r}; its log's end:\n{task.log()[-3000:]}")
-        time.sleep(0.1)
+def _running_replicas(stack: Stack) -> int:
+    apps = stack.hook().get_serve_applications().get("applications") or {}
+    deployments = (apps.get("fault-wine") or {}).get("deployments") or {}
+    return sum(1 for deployment in deployments.values() for replica in deployment.get("replicas") or []
+               if replica.get("state") == "RUNNING")
 
 
-def _promote(stack: Stack, work: str, url: str, args, conf: dict, index: int, training: str | None = None) -> dict:
+def _promote(stack: Stack, work: str, clients: Clients, conf: dict, index: int, training: str | None = None) -> dict:
     """Promote conf['model'] while the clients run: the figures of the deploy task's run (from its
-    start to its end, as its log says) and of the load before it.
-
-    The clients start once the task process has loaded its DAG and begins the task (Airflow's
-    start-up, which no promotion depends on, is not run under the load); the task's own start-up
-    then runs under it, which gives Serve's autoscaler time to add its second replica.
-    """
+    start to its end, as its log says) and of the load before it (its process starting)."""
+    called = time.time()
     task = TaskRun(work, "fault_deploy", logical_date(index), conf, f"deploy-{index}")
-    _wait_for_log(task, "[DAG TEST] running task")
-    clients = Clients(url, args.clients)
-    clients.start()
-    try:
-        result = task.wait()
-        time.sleep(1.0)  # the last answers of the new version
-        training_status = None
-        if training:  # still training when the promotion was over?
-            status = stack.hook().get_job_status(training)
-            training_status = status.value if status else "missing"
-    finally:
-        clients.stop()
+    result = task.wait()
+    time.sleep(1.0)  # the last answers of the new version
+    training_status = None
+    if training:  # still training when the promotion was over?
+        status = stack.hook().get_job_status(training)
+        training_status = status.value if status else "missing"
     log = task.log()
     began, ended = _log_time(log, "Task started"), _log_time(log, "[DAG TEST] end task")
-    return {"result": result, "during": clients.window(began, ended),
-            "before": clients.window(clients.started + 1, began), "training_status": training_status,
+    return {"result": result, "during": clients.window(began, ended), "before": clients.window(called, began),
+            "training_status": training_status,
             "last_version": next((what for _, ok, what in reversed(clients.answers) if ok), None)}
 
 
@@ -378,21 +368,32 @@ def fault_promotion(stack: Stack, prep: dict, work: str, args) -> list[dict]:
     result = first.wait()
     if result["state"] != "success":
         raise RuntimeError(f"the first deploy failed; its log's end:\n{first.log()[-3000:]}")
-    url = f"http://127.0.0.1:{stack.serve_port}/fault-wine/predict"
+    clients = Clients(f"http://127.0.0.1:{stack.serve_port}/fault-wine/predict", args.clients)
     rows = []
     training = None
     try:
-        quiet = _promote(stack, work, url, args, {"model": models["good"], "data": prep}, 1)
+        clients.start()
+        # Serve's autoscaler answers the load with its second replica (max_replicas 2): the promotions
+        # are measured against that steady state, not against a replica being added
+        deadline = time.monotonic() + 120
+        while _running_replicas(stack) < 2 and time.monotonic() < deadline:
+            time.sleep(1)
+        replicas = _running_replicas(stack)
+        print(f"[promotion] {replicas} replica(s) RUNNING {time.time() - clients.started:.0f} s after the "
+              "clients started", flush=True)
+        time.sleep(3)
+        quiet = _promote(stack, work, clients, {"model": models["good"], "data": prep}, 1)
         rows.append(_promotion_row(f"a promotion under {args.clients} concurrent clients", quiet,
                                    models["good"]["model_version"]))
         # a training job (the train stage, local mode, in the job's process) on the same 2 CPUs
         training = stack.submit("train", train_spec(work, "busy-train", prep, {
             "family": "lightning", "hidden_sizes": [64, 32], "max_epochs": 1000, "patience": 0}, num_workers=0))
         wait_for_file(f"{work}/busy-train/workers/rank0-pid*.json", 120)  # its loop is training
-        busy = _promote(stack, work, url, args, {"model": models["better"], "data": prep}, 2, training=training)
+        busy = _promote(stack, work, clients, {"model": models["better"], "data": prep}, 2, training=training)
         rows.append(_promotion_row("the same while a training job shares the 2 CPUs", busy,
                                    models["better"]["model_version"]))
     finally:
+        clients.stop()
         # the training job stopped and Serve shut down (its replicas reserve CPUs), for the faults that
         # follow on this cluster; a slow answer here costs no measured figure
         try:
