@@ -595,7 +595,8 @@ def fault_head(stack: Stack, prep: dict, work: str, args) -> list[dict]:
 
 def _short(line: str) -> str:
     index = line.find("Cannot reach")
-    return (line[index:] if index >= 0 else line.strip())[:110] + "..."
+    # cut to fit a table cell; backticks would open code spans there
+    return (line[index:] if index >= 0 else line.strip())[:110].replace("`", "'") + "..."
 
 
 # -- the table --------------------------------------------------------------------------------------
