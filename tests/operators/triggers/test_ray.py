@@ -204,20 +204,27 @@ def _on_kill_in_triggerer(trigger: RayJobTrigger) -> None:
         asyncio.run(trigger.on_kill())
 
 
-@pytest.mark.integration
-def test_trigger_taken_over_by_another_triggerer_leaves_the_job_running(airflow_db, ray_conn):
-    """Airflow 3.3 cancels a trigger that another triggerer took over as after a user's action. on_kill()
-    then finds the task still deferred and leaves the job; once the task is marked failed, it stops it."""
+def _trigger_of_a_task_instance(name: str):
+    """A task instance in the metadata DB (a core_noop run) and a trigger of its own following a
+    sleeping job, as a triggerer holds it: ``(dag_run, ti, trigger)``."""
     from airflow.sdk.api.datamodels._generated import TaskInstance as TaskInstanceSDK
 
     from tests.conftest import load_dag
 
     dag_run = load_dag("core_noop").test()
     (ti,) = dag_run.get_task_instances()
-    trigger = RayJobTrigger(submission_id=_submit(SLEEPING, f"trigger-moved-{time.time_ns()}"))
+    trigger = RayJobTrigger(submission_id=_submit(SLEEPING, f"{name}-{time.time_ns()}"))
     trigger.task_instance = TaskInstanceSDK(id=ti.id, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
                                             try_number=ti.try_number, map_index=ti.map_index,
                                             dag_version_id=ti.dag_version_id)
+    return dag_run, ti, trigger
+
+
+@pytest.mark.integration
+def test_trigger_taken_over_by_another_triggerer_leaves_the_job_running(airflow_db, ray_conn):
+    """Airflow 3.3 cancels a trigger that another triggerer took over as after a user's action. on_kill()
+    then finds the task still deferred and leaves the job; once the task is marked failed, it stops it."""
+    _, ti, trigger = _trigger_of_a_task_instance("trigger-moved")
     try:
         _wait_for_status(trigger.submission_id, RayJobStatus.RUNNING, 120)
         _set_state(ti, "deferred")
@@ -236,17 +243,9 @@ def test_marking_the_dag_run_failed_stops_the_deferred_tasks_job(airflow_db, ray
     """Marking a DAG run failed marks its deferred tasks failed; their triggers' on_kill() stops the jobs."""
     from airflow.api.common.mark_tasks import set_dag_run_state_to_failed
     from airflow.models.serialized_dag import SerializedDagModel
-    from airflow.sdk.api.datamodels._generated import TaskInstance as TaskInstanceSDK
     from airflow.utils.session import create_session
 
-    from tests.conftest import load_dag
-
-    dag_run = load_dag("core_noop").test()
-    (ti,) = dag_run.get_task_instances()
-    trigger = RayJobTrigger(submission_id=_submit(SLEEPING, f"trigger-run-failed-{time.time_ns()}"))
-    trigger.task_instance = TaskInstanceSDK(id=ti.id, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id,
-                                            try_number=ti.try_number, map_index=ti.map_index,
-                                            dag_version_id=ti.dag_version_id)
+    dag_run, ti, trigger = _trigger_of_a_task_instance("trigger-run-failed")
     try:
         _wait_for_status(trigger.submission_id, RayJobStatus.RUNNING, 120)
         _set_state(ti, "deferred")
