@@ -13,7 +13,6 @@ import platform
 import time
 import uuid
 from datetime import datetime, timezone
-from typing import Any
 
 import numpy as np
 
@@ -45,11 +44,12 @@ def _framework_versions(family: str) -> dict[str, str]:
     return versions
 
 
-def finish(spec: TrainSpec, config: dict[str, Any], compute: ComputeSpec, loop_config: TrainLoopConfig,
-            label_mean: float, train_rows: int, started: float, preprocessor_uri: str | None, *, fit_s: float, runner: str, num_workers: int,
-            sizing_reason: str, use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
+def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, train_rows: int, started: float,
+           preprocessor_uri: str | None, *, fit_s: float, runner: str, num_workers: int, sizing_reason: str,
+           use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
     """Metrics, baseline and model card from what the training loop wrote; the stage's result."""
-    family, local_mode, data_loading = config["family"], num_workers == 0, loop_config.data_loading
+    config, label_mean = loop_config.config, loop_config.label_mean
+    family, local_mode, data_loading = loop_config.family, num_workers == 0, loop_config.data_loading
     cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config.model_dir
     final = artifacts.read_json(artifacts.join(spec.artifact_dir, EVALUATION_DIR, "final.json"))
 

@@ -62,7 +62,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         fit_started = time.monotonic()
         loop = lightning_train_loop if family == "lightning" else xgboost_train_loop
         loop(loop_config, InProcessTrainContext())
-        return finish(spec, config, compute, loop_config, label_mean, train_rows, started, preprocessor_uri,
+        return finish(spec, compute, loop_config, train_rows, started, preprocessor_uri,
                        fit_s=time.monotonic() - fit_started, runner="in_process", num_workers=0,
                        sizing_reason=sizing_reason, use_gpu=False, gpus_per_worker=0, fallback_reason=None)
     import ray
@@ -132,7 +132,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         trainer = XGBoostTrainer(xgboost_train_loop, **common)
     fit_started = time.monotonic()
     trainer.fit()
-    return finish(spec, config, compute, loop_config, label_mean, train_rows, started, preprocessor_uri,
+    return finish(spec, compute, loop_config, train_rows, started, preprocessor_uri,
                    fit_s=time.monotonic() - fit_started, runner="ray_train", num_workers=num_workers,
                    sizing_reason=sizing_reason, use_gpu=use_gpu, gpus_per_worker=gpus_per_worker,
                    fallback_reason=fallback_reason)
