@@ -139,3 +139,47 @@ def ray_conn(ray_cluster, artifact_root):
     })
     yield ray_cluster
     os.environ.pop("AIRFLOW_CONN_RAY_DEFAULT", None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def serve_apps_left_as_found():
+    """Each test module leaves the session cluster's Serve as it found it: the applications that the
+    module deployed are deleted when it ends (a module's own fixtures may share one deployment).
+
+    Every application's replica reserves CPU on the 2-CPU test cluster; left to pile up over the
+    modules, in some orders they took the CPUs that a later stage's Ray Data or Serve needed, and
+    those tests waited until their timeout.
+    """
+    before = set(_session_serve_applications())
+    yield
+    if "AIRFLOW_CONN_RAY_DEFAULT" in os.environ:
+        _delete_serve_applications(set(_session_serve_applications()) - before)
+
+
+def _session_serve_applications() -> dict:
+    """The session cluster's live Serve applications ({} before ``ray_conn`` has pointed at it)."""
+    if "AIRFLOW_CONN_RAY_DEFAULT" not in os.environ:
+        return {}
+    from airflow_ray_ml.hooks.ray import RayHook
+
+    return RayHook().get_serve_applications().get("applications") or {}
+
+
+def _delete_serve_applications(names: set[str], timeout_s: float = 120.0) -> None:
+    """Delete ``names`` from the session cluster's Serve, keeping its other applications and its
+    instance settings, and wait until their replicas are gone."""
+    if not names:
+        return
+    import time
+
+    from airflow_ray_ml.hooks.ray import RayHook
+    from airflow_ray_ml.ray_serve import live_applications, live_instance_settings
+
+    hook = RayHook()
+    state = hook.get_serve_applications()
+    kept = [app for app in live_applications(state) if app.get("name") not in names]
+    hook.put_serve_applications({**(live_instance_settings(state) or {}), "applications": kept})
+    deadline = time.monotonic() + timeout_s
+    while names & set(hook.get_serve_applications().get("applications") or {}):
+        assert time.monotonic() < deadline, f"Serve applications {sorted(names)} not deleted in {timeout_s:.0f} s"
+        time.sleep(1)
