@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -152,8 +153,7 @@ def serve_apps_left_as_found():
     """
     before = set(_session_serve_applications())
     yield
-    if "AIRFLOW_CONN_RAY_DEFAULT" in os.environ:
-        _delete_serve_applications(set(_session_serve_applications()) - before)
+    _delete_serve_applications(set(_session_serve_applications()) - before)
 
 
 def _session_serve_applications() -> dict:
@@ -170,8 +170,6 @@ def _delete_serve_applications(names: set[str], timeout_s: float = 120.0) -> Non
     instance settings, and wait until their replicas are gone."""
     if not names:
         return
-    import time
-
     from airflow_ray_ml.hooks.ray import RayHook
     from airflow_ray_ml.ray_serve import live_applications, live_instance_settings
 
