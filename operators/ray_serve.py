@@ -55,6 +55,28 @@ START_ONLY_SETTINGS = frozenset({"proxy_location", "http_options", "grpc_options
 # What a deploy starts Serve with when it is not running; the HTTP port is the connection's serve_url's.
 SERVE_START_DEFAULTS: dict[str, Any] = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1"}}
 
+# The task XCom that holds a deploy's or a rollback's decision (action, versions, metrics, reason).
+DECISION_XCOM_KEY = "decision"
+
+
+def serving_dir(artifact_root: str | None, app_name: str) -> str:
+    """Where an application's serving history, configs and previous config live."""
+    if not artifact_root:
+        from airflow_ray_ml.ray_job import DEFAULT_ARTIFACT_ROOT
+
+        artifact_root = DEFAULT_ARTIFACT_ROOT
+    return artifacts.join(artifact_root, "serving", artifacts.safe_segment(app_name))
+
+
+def history_uri(app_serving_dir: str) -> str:
+    """The application's serving history: a JSON list of decisions, oldest first."""
+    return artifacts.join(app_serving_dir, "history.json")
+
+
+def config_uri(app_serving_dir: str, version: str) -> str:
+    """The whole Serve config that a promotion of ``version`` applied (what a rollback restores)."""
+    return artifacts.join(app_serving_dir, "configs", f"{version}.json")
+
 
 def gate(challenger: float, champion: float | None, metric: str, min_improvement: float, force: bool) -> tuple[bool, str]:
     """Decide promotion: better than the champion by at least ``min_improvement`` (absolute)."""
@@ -143,7 +165,129 @@ def check_ownership(app_name: str, live_app: dict[str, Any] | None, dag_id: str,
     )
 
 
-class RayServeDeployOperator(BaseOperator):
+class ServeApplicationOperator(BaseOperator):
+    """What every operator that changes one Serve application shares: the connection, the
+    application's serving directory and history, its endpoint, and the config it PUTs.
+
+    :param app_name: the Serve application: letters, digits, ``.``, ``_``, ``-``. (templated)
+    :param api_key_conn_id: a connection whose password is the endpoint's API key; none: no key.
+    :param ready_timeout_s: how long a new version may take to answer.
+    :param ray_conn_id: the ``ray`` connection.
+    :param artifact_root: where the serving history lives; None: the connection's ``artifact_root``.
+    """
+
+    def __init__(
+        self,
+        *,
+        app_name: str,
+        api_key_conn_id: str | None = None,
+        ready_timeout_s: float = 180.0,
+        ray_conn_id: str = RayHook.default_conn_name,
+        artifact_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # task.output["key"], as the stage operators
+        super().__init__(**kwargs)
+        self.app_name = app_name
+        self.route_prefix = ""
+        self.api_key_conn_id = api_key_conn_id
+        self.ready_timeout_s = ready_timeout_s
+        self.ray_conn_id = ray_conn_id
+        self.artifact_root = artifact_root
+
+    @cached_property
+    def hook(self) -> RayHook:
+        return RayHook(self.ray_conn_id)
+
+    @cached_property
+    def api_key(self) -> str | None:
+        if not self.api_key_conn_id:
+            return None
+        from airflow.sdk import BaseHook
+
+        key = BaseHook.get_connection(self.api_key_conn_id).password
+        if not key:
+            raise RayOperatorError(f"connection {self.api_key_conn_id!r} has no password to use as the API key")
+        return key
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.hook.serve_url}{self.route_prefix}"
+
+    @property
+    def serving_dir(self) -> str:
+        return serving_dir(self.artifact_root or self.hook.artifact_root, self.app_name)
+
+    def check_app_name(self) -> None:
+        """The application name as Serve and the serving history's path accept it."""
+        if not isinstance(self.app_name, str) or not APP_NAME.fullmatch(self.app_name):
+            raise InvalidSpecError(f"app_name must be letters, digits, '.', '_' or '-' (starting with a letter or "
+                                   f"digit), got {self.app_name!r}")
+
+    # -- HTTP to the endpoint -------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        return {"X-API-Key": self.api_key} if self.api_key else {}
+
+    def _get(self, path: str) -> requests.Response | None:
+        try:
+            return requests.get(f"{self.endpoint}{path}", headers=self._headers(), timeout=10)
+        except requests.RequestException:
+            return None
+
+    # -- the config ------------------------------------------------------------------------------
+
+    def _serve_state(self) -> dict[str, Any]:
+        return self.hook.get_serve_applications()
+
+    def _live_app(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        return (state.get("applications") or {}).get(self.app_name)
+
+    def _start_defaults(self) -> dict[str, Any]:
+        port = urlsplit(self.hook.serve_url).port or 8000
+        return {**SERVE_START_DEFAULTS, "http_options": {**SERVE_START_DEFAULTS["http_options"], "port": port}}
+
+    def _with_app(self, instance: dict[str, Any], applications: list[dict[str, Any]],
+                  ours: dict[str, Any] | None) -> dict[str, Any]:
+        """The whole config to PUT: ``instance`` settings, the other applications as given, and ``ours``."""
+        others = [app for app in applications if app.get("name") != self.app_name]
+        return {**instance, "applications": [*others, *([ours] if ours else [])]}
+
+    def _wait_for_version(self, version: str, deadline: float) -> None:
+        """Until the app is RUNNING and three answers in a row report ``version``."""
+        streak, last = 0, "no answer yet"
+        while time.monotonic() < deadline:
+            app = (self._serve_state().get("applications") or {}).get(self.app_name) or {}
+            status = app.get("status")
+            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise ServeModelRejectedError(f"application {self.app_name!r} is {status}: "
+                                              f"{app.get('message', '')[-800:]}")
+            response = self._get("/health") if status == "RUNNING" else None
+            if response is not None and response.status_code == 200 and response.json().get("model_version") == version:
+                streak += 1
+                if streak >= 3:
+                    return
+            else:
+                streak = 0
+                last = f"status {status}, health {getattr(response, 'status_code', None)}"
+            time.sleep(0.5)
+        raise ServeDeployError(f"version {version} did not become ready within {self.ready_timeout_s:g} s ({last})")
+
+    # -- history --------------------------------------------------------------------------------
+
+    def _record(self, context: Context, entry: dict[str, Any]) -> None:
+        """Append ``entry`` (with who decided and when) to the application's serving history, and
+        push it as the task's ``decision`` XCom, which becomes the task's and the run's note."""
+        uri = history_uri(self.serving_dir)
+        history = artifacts.read_json(uri) if artifacts.exists(uri) else []
+        ti = context["ti"]
+        history.append({"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        "dag_id": ti.dag_id, "run_id": context["run_id"], "task_id": self.task_id, **entry})
+        artifacts.write_json_atomic(uri, history)
+        ti.xcom_push(key=DECISION_XCOM_KEY, value=entry)
+
+
+class RayServeDeployOperator(ServeApplicationOperator):
     """Deploy a trained model behind a Ray Serve HTTP endpoint, champion/challenger gated.
 
     :param model: the RayTrain XCom (``model=train.output``: ``model_dir``, ``model_version``, ``metrics``). (templated)
@@ -204,17 +348,15 @@ class RayServeDeployOperator(BaseOperator):
         artifact_root: str | None = None,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("multiple_outputs", True)  # task.output["key"], as the stage operators
-        super().__init__(**kwargs)
+        super().__init__(app_name=app_name, api_key_conn_id=api_key_conn_id, ready_timeout_s=ready_timeout_s,
+                         ray_conn_id=ray_conn_id, artifact_root=artifact_root, **kwargs)
         self.model = model
         self.data = data
         self.compute = compute
-        self.app_name = app_name
         self.route_prefix = route_prefix
         self.metric = metric
         self.min_improvement = min_improvement
         self.force = force
-        self.api_key_conn_id = api_key_conn_id
         self.autoscaling_config = autoscaling_config or {
             "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8,
             "upscale_delay_s": 3, "downscale_delay_s": 120,
@@ -222,49 +364,9 @@ class RayServeDeployOperator(BaseOperator):
         self.replica_cpus = replica_cpus
         self.allow_takeover = allow_takeover
         self.serve_instance_options = serve_instance_options
-        self.ready_timeout_s = ready_timeout_s
         self.smoke_rows = smoke_rows
-        self.ray_conn_id = ray_conn_id
-        self.artifact_root = artifact_root
-
-    @cached_property
-    def hook(self) -> RayHook:
-        return RayHook(self.ray_conn_id)
-
-    @cached_property
-    def api_key(self) -> str | None:
-        if not self.api_key_conn_id:
-            return None
-        from airflow.sdk import BaseHook
-
-        key = BaseHook.get_connection(self.api_key_conn_id).password
-        if not key:
-            raise RayOperatorError(f"connection {self.api_key_conn_id!r} has no password to use as the API key")
-        return key
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.hook.serve_url}{self.route_prefix}"
-
-    @property
-    def serving_dir(self) -> str:
-        root = self.artifact_root or self.hook.artifact_root
-        if not root:
-            from airflow_ray_ml.ray_job import DEFAULT_ARTIFACT_ROOT
-
-            root = DEFAULT_ARTIFACT_ROOT
-        return artifacts.join(root, "serving", artifacts.safe_segment(self.app_name))
 
     # -- HTTP to the endpoint -------------------------------------------------------------------
-
-    def _headers(self) -> dict[str, str]:
-        return {"X-API-Key": self.api_key} if self.api_key else {}
-
-    def _get(self, path: str) -> requests.Response | None:
-        try:
-            return requests.get(f"{self.endpoint}{path}", headers=self._headers(), timeout=10)
-        except requests.RequestException:
-            return None
 
     def _predict(self, instances: list[dict[str, Any]]) -> dict[str, Any]:
         response = requests.post(f"{self.endpoint}/predict", json={"instances": instances},
@@ -277,18 +379,8 @@ class RayServeDeployOperator(BaseOperator):
 
     # -- the config ------------------------------------------------------------------------------
 
-    def _serve_state(self) -> dict[str, Any]:
-        return self.hook.get_serve_applications()
-
-    def _live_app(self, state: dict[str, Any]) -> dict[str, Any] | None:
-        return (state.get("applications") or {}).get(self.app_name)
-
     def _check_ownership(self, state: dict[str, Any], dag_id: str) -> str | None:
         return check_ownership(self.app_name, self._live_app(state), dag_id, self.allow_takeover)
-
-    def _start_defaults(self) -> dict[str, Any]:
-        port = urlsplit(self.hook.serve_url).port or 8000
-        return {**SERVE_START_DEFAULTS, "http_options": {**SERVE_START_DEFAULTS["http_options"], "port": port}}
 
     def _app_config(self, model: dict[str, Any], compute: dict[str, Any], dag_id: str) -> dict[str, Any]:
         actor_options: dict[str, Any] = {"num_cpus": self.replica_cpus}
@@ -335,33 +427,7 @@ class RayServeDeployOperator(BaseOperator):
             artifacts.write_bytes_atomic(uri, buffer.getvalue())
         return uri
 
-    def _with_app(self, instance: dict[str, Any], applications: list[dict[str, Any]],
-                  ours: dict[str, Any] | None) -> dict[str, Any]:
-        """The whole config to PUT: ``instance`` settings, the other applications as given, and ``ours``."""
-        others = [app for app in applications if app.get("name") != self.app_name]
-        return {**instance, "applications": [*others, *([ours] if ours else [])]}
-
     # -- waiting and checking -------------------------------------------------------------------
-
-    def _wait_for_version(self, version: str, deadline: float) -> None:
-        """Until the app is RUNNING and three answers in a row report ``version``."""
-        streak, last = 0, "no answer yet"
-        while time.monotonic() < deadline:
-            app = (self._serve_state().get("applications") or {}).get(self.app_name) or {}
-            status = app.get("status")
-            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
-                raise ServeModelRejectedError(f"application {self.app_name!r} is {status}: "
-                                              f"{app.get('message', '')[-800:]}")
-            response = self._get("/health") if status == "RUNNING" else None
-            if response is not None and response.status_code == 200 and response.json().get("model_version") == version:
-                streak += 1
-                if streak >= 3:
-                    return
-            else:
-                streak = 0
-                last = f"status {status}, health {getattr(response, 'status_code', None)}"
-            time.sleep(0.5)
-        raise ServeDeployError(f"version {version} did not become ready within {self.ready_timeout_s:g} s ({last})")
 
     def _test_rows(self) -> tuple[list[dict[str, Any]], list[float]]:
         """Raw rows (and labels) of the test split, decoded with the preprocessor that wrote it."""
@@ -403,24 +469,11 @@ class RayServeDeployOperator(BaseOperator):
             predictions += self._predict(rows[start:start + 512])["predictions"]
         return regression_metrics(labels, predictions)[self.metric], version
 
-    # -- history --------------------------------------------------------------------------------
-
-    def _record(self, context: Context, entry: dict[str, Any]) -> None:
-        """Append ``entry`` (with who decided and when) to the application's serving history."""
-        uri = artifacts.join(self.serving_dir, "history.json")
-        history = artifacts.read_json(uri) if artifacts.exists(uri) else []
-        ti = context["ti"]
-        history.append({"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                        "dag_id": ti.dag_id, "run_id": context["run_id"], "task_id": self.task_id, **entry})
-        artifacts.write_json_atomic(uri, history)
-
     # -- the task -------------------------------------------------------------------------------
 
     def check_endpoint_names(self) -> None:
         """The application name and route as Serve and the serving history's path accept them."""
-        if not isinstance(self.app_name, str) or not APP_NAME.fullmatch(self.app_name):
-            raise InvalidSpecError(f"app_name must be letters, digits, '.', '_' or '-' (starting with a letter or "
-                                   f"digit), got {self.app_name!r}")
+        self.check_app_name()
         if not isinstance(self.route_prefix, str) or not ROUTE_PREFIX.fullmatch(self.route_prefix):
             raise InvalidSpecError(f"route_prefix must be a path such as '/wine' (letters, digits, '.', '_', '-', "
                                    f"'/'), got {self.route_prefix!r}")
@@ -467,7 +520,6 @@ class RayServeDeployOperator(BaseOperator):
         if not promote:
             owner = app_owner((self._live_app(state) or {}).get("deployed_app_config"))
             self._record(context, {"action": "kept_champion", "owner": owner, **summary})
-            context["ti"].xcom_push(key="decision", value={"action": "kept_champion", **summary})
             self.log.info("Kept champion %s: %s", champion_version, why)
             raise AirflowSkipException(f"kept champion {champion_version}: {why}")
 
@@ -503,7 +555,7 @@ class RayServeDeployOperator(BaseOperator):
                 f"deploying {model['model_version']} failed and {champion_version or 'the previous state'} "
                 f"was restored: {err}"
             ) from None
-        artifacts.write_json_atomic(artifacts.join(self.serving_dir, "configs", f"{model['model_version']}.json"), config)
+        artifacts.write_json_atomic(config_uri(self.serving_dir, model["model_version"]), config)
         self._record(context, {"action": "promoted", **ownership, **summary})
         self.log.info("Serving %s at %s", model["model_version"], self.endpoint)
         self._publish_assets(context, model)
