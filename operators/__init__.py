@@ -50,6 +50,12 @@ def get_provider_info() -> dict:
                         "version_added": None, "type": "string", "example": "http://127.0.0.1:8000",
                         "default": None,
                     },
+                    "serve_action_dag_id": {
+                        "description": "The DAG that the page's Roll back and Pin buttons trigger "
+                        "(dags/ray_serve_rollback.py); empty: ray_serve_rollback.",
+                        "version_added": None, "type": "string", "example": "ray_serve_rollback",
+                        "default": None,
+                    },
                 },
             }
         },
