@@ -58,3 +58,5 @@ serve_shared_b = _deploy_dag("serve_shared_b", **_SHARED)
 # Instance-wide Serve settings from the run conf.
 serve_instance = _deploy_dag("serve_instance", app_name="wine-instance", route_prefix="/instance",
                              serve_instance_options="{{ dag_run.conf.get('serve_instance_options') }}")
+# Rolled back and pinned from the "Ray ML" page, through the ray_serve_rollback DAG.
+serve_deploy_rollback = _deploy_dag("serve_deploy_rollback", app_name="wine-rollback", route_prefix="/rollback")
