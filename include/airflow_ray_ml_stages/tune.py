@@ -173,6 +173,23 @@ def _cell(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
+def plot_title(counts: dict[str, int], searcher: str, scheduler: str) -> str:
+    """The plot's title: the trial counts (``1 trial``, ``4 trials``), the searcher and the scheduler."""
+    total = counts["total"]
+    return (f"{total} trial{'' if total == 1 else 's'} ({counts['completed']} completed, "
+            f"{counts['early_stopped']} stopped early, {counts['failed']} failed): {searcher} search, "
+            f"scheduler {scheduler}")
+
+
+def plot_legend(rows: list[dict[str, Any]], histories: dict[str, list[tuple[float, float]]]
+                ) -> tuple[list[str], list[str]]:
+    """The (families, end states) the plot's legend names: only those of the trials it draws."""
+    drawn = [row for row in rows if histories.get(row["trial_id"])]
+    families = sorted({str(row["family"]) for row in drawn})
+    statuses = [status for status in (COMPLETED, EARLY_STOPPED, FAILED) if any(row["status"] == status for row in drawn)]
+    return families, statuses
+
+
 def plot_leaderboard(rows: list[dict[str, Any]], histories: dict[str, list[tuple[float, float]]],
                      metric: str, mode: str, title: str) -> bytes:
     """PNG: each trial's reported metric over time, its end marked by status, and the best-so-far line."""
@@ -204,10 +221,12 @@ def plot_leaderboard(rows: list[dict[str, Any]], histories: dict[str, list[tuple
             last = max(time for history in histories.values() for time, _ in history) if any(histories.values()) else 0
             steps.append((max(last, steps[-1][0]), steps[-1][1]))
             axes.step(*zip(*steps), where="post", color="black", linewidth=2, label="best so far (completed)")
-        for family, colour in colours.items():
-            axes.plot([], [], color=colour, label=family)
-        for status, marker in markers.items():
-            axes.plot([], [], marker=marker, color="gray", linestyle="none", label=status.lower().replace("_", " "))
+        families, statuses = plot_legend(rows, histories)
+        for family in families:
+            axes.plot([], [], color=colours.get(family, "tab:gray"), label=family)
+        for status in statuses:
+            axes.plot([], [], marker=markers[status], color="gray", linestyle="none",
+                      label=status.lower().replace("_", " "))
         axes.set_xlabel("seconds since the search started")
         axes.set_ylabel(f"{metric} (validation)")
         axes.set_title(title)
@@ -333,8 +352,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     public = [{key: value for key, value in row.items() if key != "end_s"} for row in rows]
     artifacts.write_json_atomic(json_uri, public)
     artifacts.write_bytes_atomic(csv_uri, leaderboard_csv(rows).encode("utf-8"))
-    title = (f"{counts['total']} trials ({counts['completed']} completed, {counts['early_stopped']} stopped early, "
-             f"{counts['failed']} failed): {spec.searcher} search, scheduler {spec.scheduler}")
+    title = plot_title(counts, spec.searcher, spec.scheduler)
     artifacts.write_bytes_atomic(plot_uri, plot_leaderboard(rows, histories, spec.metric, spec.mode, title))
     log.info("leaderboard: %s", json_uri)
     for row in rows[:10]:
