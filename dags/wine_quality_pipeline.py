@@ -33,7 +33,9 @@ Trigger it from the UI to change the Params below.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
@@ -44,7 +46,17 @@ from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_serve import RayServeDeployOperator
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
-from airflow_ray_ml_stages.search_space import search_space_json_schema
+from airflow_ray_ml_stages.constants import SCALERS
+from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, search_space_json_schema
+from airflow_ray_ml_stages.specs import (
+    PLACEMENT_STRATEGIES,
+    SEARCHERS,
+    PreprocessSpec,
+    ProbeSpec,
+    TrainSpec,
+    TuneSpec,
+)
+from airflow_ray_ml_stages.train.config import FAMILIES
 from airflow_ray_ml_stages.wine import QUALITY_RANGE
 
 DEMO_ROWS = 6497  # the size of the published data set
@@ -56,6 +68,41 @@ SCHEDULE = os.environ.get("WINE_PIPELINE_SCHEDULE", "@weekly")
 # test metrics. dags/wine_batch_scoring.py is scheduled on it.
 WINE_MODEL = Asset("wine_quality_model")
 
+DOCS = "https://github.com/airflow-ray-ml/airflow-ray-ml/blob/main/docs"
+# JSON cannot carry infinity, and the data stage takes a range as two numbers: a bound left empty
+# is the largest float on its side.
+NO_BOUND = sys.float_info.max
+RANGE_HELP = (f"Both empty: no check on your data, {list(QUALITY_RANGE)} on the demo data; one empty: no "
+              "bound on that side. Given the wrong way round, the two are swapped.")
+SEARCH_SPACE_EXAMPLE = {"family": "xgboost", "scaler": "standard",
+                        "xgboost": {"max_depth": {"randint": [3, 9]}, "eta": {"loguniform": [0.02, 0.3]},
+                                    "num_boost_round": 200}}
+SEARCH_SPACE_HELP = (
+    "A whole search space; it replaces *Model families*, *Scalers*, *Lightning epochs* and *XGBoost "
+    f"rounds*. Empty: built from those. Example: `{json.dumps(SEARCH_SPACE_EXAMPLE)}`. "
+    f"The format: [search space]({DOCS}/operators/tune.md#search-space)."
+)
+
+
+def data_sources(params: dict) -> list[str]:
+    """The ``source`` Param's files: the form sends one per line, blank lines included."""
+    return [line.strip() for line in params.get("source") or [] if line and line.strip()]
+
+
+def label_range(params: dict) -> list[float] | None:
+    """``[low, high]`` for the data stage from the ``label_min`` and ``label_max`` Params.
+
+    Each Param is checked on its own when a run is triggered, so every pair the form can send
+    must mean something: bounds given the wrong way round are swapped, a missing one is no bound.
+    """
+    low, high = params.get("label_min"), params.get("label_max")
+    if low is None and high is None:  # the wine grades' range only where the data is the demo's
+        return None if data_sources(params) else list(QUALITY_RANGE)
+    low = -NO_BOUND if low is None else low
+    high = NO_BOUND if high is None else high
+    return [min(low, high), max(low, high)]
+
+
 with DAG(
     dag_id="wine_quality_pipeline",
     description="Probe, preprocess, train and serve a wine-quality model on Ray",
@@ -65,46 +112,69 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     params={
-        "source": Param(None, type=["null", "array", "string"],
-                        description="Your data instead of the demo: CSV/Parquet path(s) or URL(s)"),
-        "label_column": Param("quality", type="string", minLength=1, description="The column to predict"),
-        "label_range": Param(None, type=["null", "array"],
-                             description="[min, max] a label may take; rows outside fail the run. Empty: no "
-                                         "check on your data, the wine grades' range on the demo data"),
-        "families": Param(["xgboost", "lightning"], type="array", minItems=1, uniqueItems=True,
-                          items={"enum": ["xgboost", "lightning"]}, description="Model families to search"),
-        "scalers": Param(["standard", "minmax"], type="array", minItems=1, uniqueItems=True,
-                         items={"enum": ["standard", "minmax", "none"]},
-                         description="Feature scalings to search (the first is the one written)"),
-        "num_trials": Param(12, type="integer", minimum=1, maximum=1000, description="Tune trials"),
-        "time_budget_s": Param(900, type=["null", "number"], minimum=10,
-                               description="Stop the search after this many seconds (empty: no limit)"),
-        "searcher": Param("random", enum=["random", "optuna"],
-                          description="Random search, or Optuna's TPE (model-based)"),
-        "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, description="Lightning epochs per trial"),
-        "num_boost_round": Param(300, type="integer", minimum=1, maximum=10000,
-                                 description="XGBoost rounds per trial"),
+        # No section: Airflow's trigger form opens these (its default section); the named sections
+        # below start collapsed.
+        "source": Param(
+            None, type=["null", "array"], items={"type": "string"}, title="Data files",
+            description="Your CSV or Parquet files or URLs, one per line (blank lines are ignored). "
+                        "Empty: the generated demo data."),
+        "label_column": Param(PreprocessSpec.label_column, type="string", pattern=r"\S", title="Label column",
+                              description="The column to predict"),
+        "label_min": Param(None, type=["null", "number"], title="Lowest label",
+                           description=f"Labels below it fail the run. {RANGE_HELP}"),
+        "label_max": Param(None, type=["null", "number"], title="Highest label",
+                           description=f"Labels above it fail the run. {RANGE_HELP}"),
+        "families": Param(list(FAMILIES), type="array", minItems=1, uniqueItems=True,
+                          items={"type": "string", "enum": list(FAMILIES)},
+                          examples=list(FAMILIES),  # what makes the form a multi-select
+                          title="Model families", description="Model families to search; at least one"),
+        "scalers": Param(list(DEFAULT_SEARCH_SPACE["scaler"]["choice"]), type="array", minItems=1,
+                         uniqueItems=True, items={"type": "string", "enum": list(SCALERS)}, examples=list(SCALERS),
+                         title="Scalers", description="Feature scalings to search; the first is the one "
+                                                      "the data is written with"),
+        "num_trials": Param(12, type="integer", minimum=1, maximum=1000, title="Trials",
+                            description="Tune trials"),
+        "deploy": Param(True, type="boolean", title="Deploy if better",
+                        description="Promote the model to Ray Serve if it beats the served one"),
+        "searcher": Param(TuneSpec.searcher, type="string", enum=list(SEARCHERS), title="Searcher",
+                          section="Search", description="Random search, or Optuna's TPE (model-based)"),
+        "time_budget_s": Param(900, type=["null", "number"], minimum=10, title="Time budget (s)", section="Search",
+                               description="Stop the search after this many seconds; empty: no limit"),
+        "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, title="Lightning epochs",
+                            section="Search", description="Epochs per Lightning trial"),
+        "num_boost_round": Param(300, type="integer", minimum=1, maximum=10000, title="XGBoost rounds",
+                                 section="Search", description="Boosting rounds per XGBoost trial"),
         # its shape is checked when the run is triggered; its values by the search_space task
         "search_space": Param(None, **{**search_space_json_schema(), "type": ["null", "object"]},
-                              description="A whole search space (JSON; see the README); overrides the four above"),
-        "train_workers": Param(None, type=["null", "integer"], minimum=0, maximum=512,
-                               description="Ray Train workers (0: local mode); empty sizes from the data"),
-        "placement_strategy": Param("PACK", enum=["PACK", "SPREAD", "STRICT_SPREAD"],
+                              title="Search space (JSON)", section="Search", description_md=SEARCH_SPACE_HELP),
+        "train_workers": Param(None, type=["null", "integer"], minimum=0, maximum=512, title="Training workers",
+                               section="Training",
+                               description="Ray Train workers (0: train inside the job); empty: sized from the data"),
+        "placement_strategy": Param(TrainSpec.placement_strategy, type="string", enum=list(PLACEMENT_STRATEGIES),
+                                    title="Worker placement", section="Training",
                                     description="How training workers are placed on the cluster's nodes"),
-        "require_gpu": Param(False, type="boolean", description="Fail instead of falling back to CPU"),
-        "wait_for_gpu_s": Param(0, type="number", minimum=0, maximum=3600,
-                                description="On autoscaling clusters: seconds to wait for a GPU node"),
-        "deploy": Param(True, type="boolean", description="Promote the model to Ray Serve if it is better"),
         "serve_app": Param("wine-quality", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
-                           description="The Ray Serve application the model is promoted to (one per model)"),
+                           title="Serve application", section="Deploy",
+                           description="The Ray Serve application the model is promoted to (one per model): "
+                                       "letters, digits, '.', '_', '-'"),
         "serve_route": Param("/wine", type="string", pattern=r"^/([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?$",
-                             description="The endpoint's path: predictions at <serve URL><route>/predict"),
-        "min_improvement": Param(0.0, type="number", minimum=0,
+                             title="Endpoint route", section="Deploy",
+                             description="The endpoint's path, starting with '/': predictions at "
+                                         "<serve URL><route>/predict"),
+        "min_improvement": Param(0.0, type="number", minimum=0, title="Minimum improvement", section="Deploy",
                                  description="How much lower the test RMSE must be to replace the served model"),
-        "demo_rows": Param(DEMO_ROWS, type="integer", minimum=100, maximum=10_000_000,
-                           description="Rows of generated demo data"),
-        "demo_seed": Param(DEMO_SEED, type="integer", minimum=0, description="Seed of the demo data"),
+        "require_gpu": Param(False, type="boolean", title="Require a GPU", section="Compute",
+                             description="Fail instead of falling back to CPU"),
+        "wait_for_gpu_s": Param(ProbeSpec.wait_for_gpu_s, type="number", minimum=0, maximum=3600,
+                                title="Wait for a GPU (s)", section="Compute",
+                                description="On autoscaling clusters: seconds to wait for a GPU node"),
+        "demo_rows": Param(DEMO_ROWS, type="integer", minimum=100, maximum=10_000_000, title="Demo rows",
+                           section="Demo data", description="Rows of generated demo data (when no data files "
+                                                            "are given)"),
+        "demo_seed": Param(DEMO_SEED, type="integer", minimum=0, title="Demo seed", section="Demo data",
+                           description="Seed of the demo data"),
     },
+    user_defined_macros={"label_range": label_range},
     tags=["ray", "ml", "example"],
     doc_md=__doc__,
 ) as dag:
@@ -123,15 +193,12 @@ with DAG(
 
     @task.branch(doc_md="Use the `source` Param's files when given; generate the demo data otherwise.")
     def pick_data(params: dict | None = None) -> list[str]:
-        return ["data_files"] if (params or {}).get("source") else ["demo_data", "data_files"]
+        return ["data_files"] if data_sources(params or {}) else ["demo_data", "data_files"]
 
     @task(trigger_rule="none_failed_min_one_success",  # after demo_data, or straight after pick_data
           doc_md="The files to preprocess: the `source` Param's, or the ones `demo_data` wrote.")
     def data_files(generated: dict | None, params: dict | None = None) -> list[str]:
-        source = (params or {}).get("source")
-        if source:
-            return [source] if isinstance(source, str) else list(source)
-        return list(generated["data_uris"])
+        return data_sources(params or {}) or list(generated["data_uris"])
 
     files = data_files(demo_data.output)
     preprocess = RayDataPreprocessOperator(
@@ -139,8 +206,7 @@ with DAG(
         source=files,
         label_column="{{ params.label_column }}",
         scaler="{{ params.scalers[0] }}",
-        # the wine grades' range only where the data is the demo's
-        label_range="{{ params.label_range or (None if params.source else %s) }}" % list(QUALITY_RANGE),
+        label_range="{{ label_range(params) }}",  # the DAG's macro, from label_min and label_max
         doc_md="Validate, split and scale the data (pyarrow in the job, or Ray Data across the cluster); "
                "the XCom lists the splits and the preprocessor.",
     )

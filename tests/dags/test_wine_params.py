@@ -1,0 +1,110 @@
+"""The wine DAG's Params and its tasks agree: each value the trigger accepts, every task accepts.
+
+No Ray and no browser: the Params are validated as the api-server validates a trigger, and each
+task builds what it would build before its Ray job (tests/dags/wine_conf.py). The trigger form
+itself, in Chromium: test_trigger_form.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, load_dag
+from tests.dags.wine_conf import build_tasks, trigger_params
+
+NO_BOUND = sys.float_info.max
+
+
+@pytest.fixture(scope="module")
+def dag():
+    return load_dag("wine_quality_pipeline", ROOT / "dags")
+
+
+@pytest.fixture
+def build(dag, tmp_path):
+    return lambda **conf: build_tasks(dag, conf, str(tmp_path))
+
+
+def test_params_defaults_build_every_task_on_the_demo_data(build):
+    built = build()
+    assert built["pick_data"] == ["demo_data", "data_files"]
+    assert built["preprocess"]["source"] == built["data_files"]
+    assert built["preprocess"]["label_range"] == [0, 10]  # the wine grades', on the demo data only
+    assert built["tune"]["searcher"] == "random" and built["tune"]["time_budget_s"] == 900
+
+
+@pytest.mark.parametrize("source", [None, [], [""], ["", "  ", ""]])
+def test_params_source_without_a_file_uses_the_demo_data(build, source):
+    built = build(source=source)
+    assert built["pick_data"] == ["demo_data", "data_files"]
+    assert [uri.rsplit("/", 1)[-1] for uri in built["preprocess"]["source"]] == [
+        "winequality-red.csv", "winequality-white.csv"]
+
+
+def test_params_source_lines_arrive_as_files_without_blank_lines(build):
+    # what the form's text box sends for two files, a blank line between them and a trailing newline
+    built = build(source=["/data/red.csv", "", " /data/white.csv ", ""])
+    assert built["pick_data"] == ["data_files"]
+    assert built["preprocess"]["source"] == ["/data/red.csv", "/data/white.csv"]
+    assert built["preprocess"]["label_range"] is None  # no check on a user's data unless asked
+
+
+@pytest.mark.parametrize(("low", "high", "expected"), [
+    (3, 9, [3, 9]),
+    (9, 3, [3, 9]),  # the wrong way round: swapped, not a failed preprocess task
+    (5, 5, [5, 5]),
+    (2.5, None, [2.5, NO_BOUND]),
+    (None, -1, [-NO_BOUND, -1]),
+    (None, None, None),
+])
+def test_params_label_bounds_in_any_combination_build_a_valid_range(build, low, high, expected):
+    built = build(source=["/data/rent.csv"], label_column="rent", label_min=low, label_max=high)
+    assert built["preprocess"]["label_range"] == expected
+
+
+def test_params_search_space_example_is_a_valid_space_and_replaces_the_form(dag, build):
+    from airflow_ray_ml_stages.search_space import SearchSpace
+
+    # the module as the DagBag loaded it: the example the form's help shows
+    example = sys.modules[dag.task_dict["pick_data"].python_callable.__module__].SEARCH_SPACE_EXAMPLE
+    assert json.dumps(example) in dag.params.get_param("search_space").schema["description_md"]
+    SearchSpace(example)
+    built = build(search_space=example, families=["lightning"])
+    assert built["search_space"] == example and built["tune"]["search_space"] == example
+
+
+def test_params_empty_search_space_means_the_one_built_from_the_form(build):
+    built = build(search_space={}, families=["lightning"], scalers=["none"], max_epochs=3)
+    space = built["tune"]["search_space"]
+    assert space["family"] == "lightning" and space["scaler"] == "none" and "xgboost" not in space
+    assert space["lightning"]["max_epochs"] == 3
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"families": []}, "families"),
+    ({"families": None}, "families"),
+    ({"families": ["catboost"]}, "families"),
+    ({"scalers": ["standard", "standard"]}, "scalers"),
+    ({"source": "/data/red.csv"}, "source"),  # a list of files, one per line in the form
+    ({"label_min": "3"}, "label_min"),
+    ({"searcher": None}, "searcher"),
+    ({"placement_strategy": None}, "placement_strategy"),
+    ({"label_column": "  "}, "label_column"),
+    ({"serve_route": "wine"}, "serve_route"),
+    ({"time_budget_s": 5}, "time_budget_s"),
+    ({"search_space": {"family": "catboost"}}, "search_space"),
+])
+def test_params_refuse_at_trigger_what_a_task_would_refuse(dag, conf, message):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=f"Invalid input for param {message}"):
+        trigger_params(dag, conf)
+
+
+def test_params_each_has_a_title_and_help(dag):
+    for name, param in dag.params.items():
+        assert param.schema.get("title") and (param.description or param.schema.get("description_md")), name
+
