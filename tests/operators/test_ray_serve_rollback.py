@@ -192,7 +192,7 @@ def test_rollback_and_pin_from_the_page_run_as_dag_runs_and_change_the_served_mo
         assert refused.status_code == 403, refused.text
 
         answer = _ask(base, None)
-        assert answer.status_code == 200, answer.text
+        assert answer.status_code == 201, answer.text
         started = answer.json()
         assert started["dag_id"] == ROLLBACK_DAG and started["version"] == good
         run = _wait_for_run(base, started["run_id"], tmp_path)
@@ -216,7 +216,7 @@ def test_rollback_and_pin_from_the_page_run_as_dag_runs_and_change_the_served_mo
 
         # Pin the better model again.
         pinned = _ask(base, better)
-        assert pinned.status_code == 200, pinned.text
+        assert pinned.status_code == 201, pinned.text
         assert _wait_for_run(base, pinned.json()["run_id"], tmp_path)["state"] == "success"
         assert _served_version() == better
         assert _history()[-1]["action"] == "pinned"
