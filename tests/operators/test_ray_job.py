@@ -48,7 +48,7 @@ def _jobs_of(hook: RayHook, base_id: str) -> list[dict]:
     return [job for job in hook.list_jobs() if (job.get("submission_id") or "").startswith(base_id)]
 
 
-def test_stage_job_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn, artifact_root):
+def test_stage_job_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn, artifact_root, capfd):
     dag_run = _run("core_manifest")
     assert dag_run.state == "success"
     manifest = _xcom(dag_run, "make_data")
@@ -60,6 +60,9 @@ def test_stage_job_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn, ar
     link = _xcom(dag_run, "make_data", key="ray_job")
     assert link["submission_id"] == base_submission_id("core_manifest", dag_run.run_id, "make_data")
     assert link["job_url"].startswith(ray_conn.dashboard_url)
+    # The task log names the job's page as a bare URL, which log viewers link as it is.
+    lines = [line for line in capfd.readouterr().out.splitlines() if "; dashboard: " in line]
+    assert lines and all(line.split("; dashboard: ", 1)[1].split()[0] == link["job_url"] for line in lines), lines
 
 
 def test_retry_of_same_task_run_reuses_the_succeeded_job(airflow_db, ray_conn):
