@@ -47,6 +47,11 @@ def _may_trigger(user: Any, dag_id: str) -> bool:
                                                 details=DagDetails(id=dag_id), user=user)
 
 
+def _not_allowed(dag_id: str, app_name: str) -> str:
+    return (f"you may not trigger DAG {dag_id!r}, which a rollback or pin of {app_name!r} needs; ask an Airflow "
+            "admin for that DAG's run permission")
+
+
 def _live_version(live_app: dict[str, Any] | None) -> str | None:
     for deployment in ((live_app or {}).get("deployed_app_config") or {}).get("deployments") or []:
         version = (deployment.get("user_config") or {}).get("model_version")
@@ -98,16 +103,16 @@ def request_serve_action(user: Any, app_name: str, version: str | None, conn_id:
     if DagModel.get_current(dag_id) is None:
         raise ServeActionError(404, f"DAG {dag_id!r} is not in Airflow: copy dags/ray_serve_rollback.py of "
                                     "airflow-ray-ml into your DAGs folder, or set [ray_ml] serve_action_dag_id")
+    if not _may_trigger(user, dag_id):  # before Ray is asked anything
+        raise ServeActionError(403, _not_allowed(dag_id, app_name))
     try:
         target, live, owner = check_servable(RayHook(conn_id or ray_conn_id(), timeout_s=10.0), app_name, version)
     except ServeActionError:
         raise
     except Exception as err:  # Ray unreachable, bad token, unreadable history: say so
         raise ServeActionError(502, f"cannot read {app_name!r} from Ray Serve: {err}") from None
-    for needed in dict.fromkeys([dag_id, owner]):
-        if needed and not _may_trigger(user, needed):
-            raise ServeActionError(403, f"you may not trigger DAG {needed!r}, which a rollback of {app_name!r} needs; "
-                                        "ask an Airflow admin for that DAG's run permission")
+    if owner and owner != dag_id and not _may_trigger(user, owner):
+        raise ServeActionError(403, _not_allowed(owner, app_name))
     who = user.get_name()
     what = f"pin {target}" if version else f"roll back from {live} to {target}"
     run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=who,
