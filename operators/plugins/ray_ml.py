@@ -1,4 +1,4 @@
-"""The "Ray ML" page of the Airflow UI: served models, the last Tune leaderboard, Ray dashboard links.
+"""The "Ray ML" page of the Airflow UI: the served models and their history, Tune runs, Ray jobs.
 
 A FastAPI app that Airflow's api-server mounts under ``/ray-ml`` (see ``RayMLPlugin``) and the UI
 shows through an external view. It reads
@@ -6,37 +6,54 @@ shows through an external view. It reads
 - the served applications from Ray Serve's REST API through :class:`RayHook` (connection
   ``[ray_ml] ray_conn_id``, env ``AIRFLOW__RAY_ML__RAY_CONN_ID``, default ``ray_default``): each
   application's model version and directory from its ``user_config`` (what
-  ``RayServeDeployOperator`` writes), the model card's test metrics, replicas and endpoint;
-- the last Tune run from Airflow's metadata database: the newest ``leaderboard_json_uri`` XCom
-  (the RayTune operator pushes each manifest key as an XCom of its own) of a successful task in a
-  DAG the logged-in user may read, then the leaderboard JSON and plot it points at, through
-  ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://).
+  ``RayServeDeployOperator`` writes), the model card's test metrics, replicas and endpoint, and its
+  version history from the serving history (``ray_ml_serving``);
+- the Tune runs of the DAGs the logged-in user may read, and the Ray jobs of the selected run's
+  DAG run, from Airflow's metadata database (``ray_ml_runs``); the leaderboard and plot through
+  ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://); a job's status and log from Ray's Jobs
+  API, on the server, so nobody needs the dashboard's token to read them.
 
 Which DAGs a user may read is asked of Airflow's configured auth manager on every request, so the
-page shows the same DAGs as the rest of the UI. Serve applications are cluster-wide and shown to
-every logged-in user.
+page shows the same DAGs as the rest of the UI. Serve applications and their histories are
+cluster-wide and shown to every logged-in user. Rolling back or pinning a version triggers a DAG
+run (``serve_actions``), which Airflow's permissions govern.
 
 Whatever cannot be read (Ray down, no Tune run yet, a missing file) becomes a sentence on the page;
-the page itself always renders. Everything shown is escaped by the template (autoescape).
+the page itself always renders. Everything shown is escaped by the templates (autoescape).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
-from fastapi.responses import HTMLResponse
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPBearer
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY
+from airflow_ray_ml.plugins import decision_notes
+from airflow_ray_ml.plugins.ray_ml_runs import (
+    LEADERBOARD_KEY,
+    SelectorError,
+    StageJob,
+    TuneRun,
+    TuneRunRef,
+    find_stage_job,
+    list_tune_runs,
+    load_tune_run,
+    parse_selector,
+    read_leaderboard,
+    readable_dag_ids,
+    stage_jobs,
+    valid_submission_id,
+)
+from airflow_ray_ml.plugins.ray_ml_serving import ServingHistory, artifact_root, read_history
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.model_card import ModelCard
 
@@ -45,13 +62,20 @@ log = logging.getLogger(__name__)
 URL_PREFIX = "/ray-ml"
 CONFIG_SECTION = "ray_ml"
 DEFAULT_CONN_ID = "ray_default"
-LEADERBOARD_KEY = "leaderboard_json_uri"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_PLOT_BYTES = 20 * 1024 * 1024
 METRIC_COLUMNS = ("val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0")
 CARD_METRICS = ("rmse", "mae", "acc_0_5", "acc_1_0")
-# Newest leaderboard XComs looked at: another task may push a non-text value under the same key.
-CANDIDATE_LIMIT = 20
+LOG_TAIL_LINES = 200
+# A header a cross-site form cannot send (a cross-origin fetch with it needs a CORS preflight,
+# which Airflow passes only for origins in [api] access_control_allow_origins), so a state-changing
+# POST comes from the page's own script.
+ACTION_HEADER = "X-Ray-ML-Action"
+DASHBOARD_TOKEN_HELP = (
+    "The Ray dashboard asks for the cluster's auth token: it is in ~/.ray/auth_token on the Ray head "
+    "node, and it is the auth_token of the Ray connection in Airflow (ask whoever runs the cluster). "
+    "Job status and logs on this page are read by Airflow and need no token."
+)
 
 _TEMPLATES = Environment(
     loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -59,8 +83,6 @@ _TEMPLATES = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-
-
 def _setting(name: str, default: str | None = None) -> str | None:
     from airflow.configuration import conf
 
@@ -101,19 +123,7 @@ class ServedApp:
     message: str = ""
     card_error: str | None = None
     dashboard_link: str = ""
-
-
-@dataclass
-class TuneRun:
-    dag_id: str
-    run_id: str
-    task_id: str
-    map_index: int
-    pushed_at: str
-    result: dict[str, Any]
-    job_url: str | None = None
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    leaderboard_error: str | None = None
+    history: ServingHistory | None = None
 
 
 @dataclass
@@ -123,8 +133,17 @@ class PageData:
     internal_dashboard_url: str | None = None
     apps: list[ServedApp] = field(default_factory=list)
     serve_error: str | None = None
+    # the Tune runs the user may read, newest first, and the one shown
+    tune_runs: list[TuneRunRef] = field(default_factory=list)
     tune: TuneRun | None = None
     tune_error: str | None = None
+    # a selector that is malformed (400) or names no run the user may read (404)
+    selection_error: str | None = None
+    selection_status: int = 200
+    # the Ray jobs of the shown Tune run's DAG run
+    jobs: list[StageJob] = field(default_factory=list)
+    jobs_error: str | None = None
+    readable: set[str] = field(default_factory=set)
 
 
 # -- Ray Serve ----------------------------------------------------------------------------------
@@ -186,127 +205,97 @@ def load_serve(data: PageData) -> None:
         return
     applications = state.get("applications") or {}
     data.apps = [_served_app(name, app, serve_url, data.dashboard_url) for name, app in sorted(applications.items())]
+    load_histories(data)
 
 
-# -- the last Tune run ----------------------------------------------------------------------------
-
-
-def _decode(value: Any) -> Any:
-    from airflow.models.xcom import XComModel
-
+def load_histories(data: PageData) -> None:
+    """Each live application's version history (a sentence in it when the history cannot be read)."""
     try:
-        return XComModel.deserialize_value(_Row(value))
-    except Exception:
-        try:
-            return json.loads(value) if isinstance(value, (str, bytes)) else value
-        except ValueError:
-            return None
+        root = artifact_root(data.conn_id)
+    except Exception as err:
+        for served in data.apps:
+            served.history = ServingHistory(uri="", error=f"the serving history's location is unknown: {err}")
+        return
+    for served in data.apps:
+        served.history = read_history(root, served.name)
 
 
-@dataclass
-class _Row:
-    """What ``XComModel.deserialize_value`` reads from a result row."""
-
-    value: Any
-
-
-def readable_dag_ids(user: Any) -> set[str]:
-    """The DAGs ``user`` (the auth manager's user object) may read, as Airflow's auth manager says."""
-    from airflow.api_fastapi.app import get_auth_manager
-
-    return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+def public_job_url(data: PageData, job_url: str | None) -> str | None:
+    """A dashboard link as a person's browser reaches it (``[ray_ml] dashboard_url``)."""
+    internal = data.internal_dashboard_url
+    if job_url and internal and data.dashboard_url and job_url.startswith(internal):
+        return data.dashboard_url + job_url[len(internal):]
+    return job_url
 
 
-def _xcom_values(session, dag_id: str, run_id: str, task_id: str, map_index: int, keys: tuple[str, ...]
-                 ) -> dict[str, Any]:
-    from sqlalchemy import select
-
-    from airflow.models.xcom import XComModel
-
-    rows = session.execute(
-        select(XComModel.key, XComModel.value).where(
-            XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == task_id,
-            XComModel.map_index == map_index, XComModel.key.in_(keys))
-    )
-    return {key: _decode(value) for key, value in rows}
+# -- Tune runs and their Ray jobs -----------------------------------------------------------------
 
 
-def find_last_tune(session, dag_ids: set[str]) -> TuneRun | None:
-    """The newest successful Tune task in ``dag_ids``: the newest ``leaderboard_json_uri`` XCom.
+def load_tune(data: PageData, user: Any, selector: str | None = None) -> None:
+    """Fill in the Tune runs ``user`` may read and the selected one (default: the newest).
 
-    The lookup is by XCom key (indexed) and DAG id; no XCom values are scanned. Only for the one
-    task found are its manifest (``return_value``) and Ray job record read.
+    A malformed selector, or one naming a run that does not exist or whose DAG the user may not
+    read (the two look the same), leaves ``selection_error`` and ``selection_status`` set.
     """
-    from sqlalchemy import and_, select
-
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
-    from airflow.utils.state import TaskInstanceState
-
-    if not dag_ids:
-        return None
-    query = (
-        select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index,
-               XComModel.timestamp, XComModel.value)
-        .join(TaskInstance, and_(TaskInstance.dag_id == XComModel.dag_id,
-                                 TaskInstance.run_id == XComModel.run_id,
-                                 TaskInstance.task_id == XComModel.task_id,
-                                 TaskInstance.map_index == XComModel.map_index))
-        .where(XComModel.key == LEADERBOARD_KEY, XComModel.dag_id.in_(sorted(dag_ids)),
-               TaskInstance.state == TaskInstanceState.SUCCESS)
-        .order_by(XComModel.timestamp.desc())
-        .limit(CANDIDATE_LIMIT)
-    )
-    for dag_id, run_id, task_id, map_index, timestamp, raw in session.execute(query).all():
-        uri = _decode(raw)
-        if not isinstance(uri, str) or not uri:
-            continue
-        values = _xcom_values(session, dag_id, run_id, task_id, map_index, (XCOM_RETURN_KEY, RAY_JOB_XCOM_KEY))
-        manifest = values.get(XCOM_RETURN_KEY)
-        job = values.get(RAY_JOB_XCOM_KEY)
-        return TuneRun(
-            dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index,
-            pushed_at=timestamp.isoformat(timespec="seconds") if isinstance(timestamp, datetime) else str(timestamp),
-            result={**(manifest if isinstance(manifest, dict) else {}), LEADERBOARD_KEY: uri},
-            job_url=job.get("job_url") if isinstance(job, dict) else None,
-        )
-    return None
-
-
-def read_leaderboard(uri: str) -> list[dict[str, Any]]:
-    """The leaderboard rows (best first); a clear error when the file is not a list of rows."""
-    rows = artifacts.read_json(uri)
-    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        raise ValueError(f"leaderboard {uri!r} is not a JSON list of rows")
-    return rows
-
-
-def load_tune(data: PageData, user: Any) -> None:
-    """Fill in the newest Tune run among the DAGs ``user`` may read, or the reason it cannot be."""
     from airflow.utils.session import create_session
 
+    wanted: TuneRunRef | None = None
+    if selector:
+        try:
+            wanted = parse_selector(selector)
+        except SelectorError as err:
+            data.selection_error, data.selection_status = str(err), 400
+            return
     try:
         with create_session() as session:
-            data.tune = find_last_tune(session, readable_dag_ids(user))
+            data.readable = readable_dag_ids(user)
+            data.tune_runs = list_tune_runs(session, data.readable)
+            if wanted is None and data.tune_runs:
+                wanted = data.tune_runs[0]
+            if wanted is not None:
+                data.tune = load_tune_run(session, data.readable, wanted)
+                if data.tune is not None:
+                    data.jobs = stage_jobs(session, data.tune.dag_id, data.tune.run_id)
     except Exception as err:
         data.tune_error = f"cannot read Airflow's metadata database: {err}"
         return
+    if wanted is not None and data.tune is None:
+        data.selection_error = (f"No successful Tune run {wanted.selector!r} among the DAGs you may read; "
+                                "pick one from the list.")
+        data.selection_status = 404
+        return
     if data.tune is None:
         return
-    job_url, internal = data.tune.job_url, data.internal_dashboard_url
-    if job_url and internal and data.dashboard_url and job_url.startswith(internal):
-        data.tune.job_url = data.dashboard_url + job_url[len(internal):]
+    data.tune.job_url = public_job_url(data, data.tune.job_url)
     try:
         data.tune.rows = read_leaderboard(data.tune.result[LEADERBOARD_KEY])
     except Exception as err:
         data.tune.leaderboard_error = str(err)
 
 
-def collect(user: Any, conn_id: str | None = None) -> PageData:
-    """What the page shows to ``user``: every Serve application, the Tune run of a DAG they may read."""
+def load_job_statuses(data: PageData) -> None:
+    """What Ray says of each stage job now; the first failure to reach Ray ends the lookups."""
+    from airflow_ray_ml.hooks.ray import RayHook
+
+    if not data.jobs:
+        return
+    try:
+        hook = RayHook(data.conn_id, timeout_s=5.0)
+        for job in data.jobs:
+            info = hook.get_job_info(job.submission_id)
+            job.status = None if info is None else str(info.get("status"))
+            job.message = "" if info is None else str(info.get("message") or "")
+            job.job_url = public_job_url(data, job.job_url)
+    except Exception as err:
+        data.jobs_error = f"Ray cannot be asked about these jobs right now: {err}"
+
+
+def collect(user: Any, selector: str | None = None, conn_id: str | None = None) -> PageData:
+    """What the page shows to ``user``: every Serve application, the Tune runs of DAGs they may read."""
     data = PageData(conn_id=conn_id or ray_conn_id())
     load_serve(data)
-    load_tune(data, user)
+    load_tune(data, user, selector)
+    load_job_statuses(data)
     return data
 
 
@@ -329,14 +318,36 @@ _TEMPLATES.filters["compact"] = _compact
 
 def render(data: PageData) -> str:
     return _TEMPLATES.get_template("ray_ml.html").render(
-        data=data, metric_columns=METRIC_COLUMNS, card_metrics=CARD_METRICS
+        data=data, metric_columns=METRIC_COLUMNS, card_metrics=CARD_METRICS, token_help=DASHBOARD_TOKEN_HELP,
     )
 
 
-def plot_bytes(user: Any) -> bytes:
-    """The plot of the last Tune run ``user`` may see, checked to be a PNG of sensible size."""
+def status_json(data: PageData) -> dict[str, Any]:
+    tune = data.tune
+    return {
+        "conn_id": data.conn_id,
+        "dashboard_url": data.dashboard_url,
+        "serve_error": data.serve_error,
+        "applications": [asdict(served) for served in data.apps],
+        "tune_error": data.tune_error,
+        "selection_error": data.selection_error,
+        "tune_runs": [{**asdict(ref), "selector": ref.selector} for ref in data.tune_runs],
+        "tune": None if tune is None else {
+            "selector": tune.selector, "dag_id": tune.dag_id, "run_id": tune.run_id, "task_id": tune.task_id,
+            "map_index": tune.map_index, "job_url": tune.job_url, "result": tune.result, "rows": len(tune.rows),
+            "leaderboard_error": tune.leaderboard_error,
+        },
+        "jobs": [asdict(job) for job in data.jobs],
+        "jobs_error": data.jobs_error,
+    }
+
+
+def plot_bytes(user: Any, selector: str | None = None) -> bytes:
+    """The plot of the selected (default: newest) Tune run ``user`` may see, checked to be a PNG of sensible size."""
     data = PageData(conn_id="")
-    load_tune(data, user)
+    load_tune(data, user, selector)
+    if data.selection_error:
+        raise HTTPException(status_code=data.selection_status, detail=data.selection_error)
     uri = (data.tune.result.get("plot_uri") if data.tune else None) or None
     if not uri:
         raise HTTPException(status_code=404, detail="no Tune run with a plot yet")
@@ -347,6 +358,46 @@ def plot_bytes(user: Any) -> bytes:
     if not payload.startswith(PNG_MAGIC) or len(payload) > MAX_PLOT_BYTES:
         raise HTTPException(status_code=404, detail=f"{uri} is not a PNG image")
     return payload
+
+
+def job_detail(user: Any, submission_id: str, conn_id: str | None = None) -> tuple[StageJob, dict[str, Any]]:
+    """A stage job of a DAG ``user`` may read, with Ray's status and the tail of its log.
+
+    404 unless a ``ray_job`` XCom of such a DAG names the job, so the route cannot be used to read
+    any job on the cluster. Ray unreachable: the job with ``error`` set, not an error of the route.
+    """
+    from airflow.utils.session import create_session
+
+    from airflow_ray_ml.hooks.ray import RayHook
+
+    if not valid_submission_id(submission_id):
+        raise HTTPException(status_code=400, detail=f"not a Ray job submission id: {submission_id[:200]!r}")
+    with create_session() as session:
+        job = find_stage_job(session, readable_dag_ids(user), submission_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"no stage job {submission_id!r} among the DAGs you may read")
+    data = PageData(conn_id=conn_id or ray_conn_id())
+    detail: dict[str, Any] = {"info": None, "log_tail": "", "log_lines": 0, "error": None, "dashboard_url": None}
+    try:
+        hook = RayHook(data.conn_id, timeout_s=10.0)
+        data.internal_dashboard_url = hook.dashboard_url
+        data.dashboard_url = public_urls()[0] or hook.dashboard_url
+        detail["dashboard_url"] = data.dashboard_url
+        info = hook.get_job_info(submission_id)
+        if info is None:
+            detail["error"] = "Ray no longer knows this job (the cluster was restarted or the job was deleted)."
+        else:
+            lines = hook.get_job_logs(submission_id).splitlines()
+            detail.update(info=info, log_lines=len(lines), log_tail="\n".join(lines[-LOG_TAIL_LINES:]))
+            job.status = str(info.get("status"))
+            job.message = str(info.get("message") or "")
+    except Exception as err:
+        detail["error"] = f"Ray cannot be asked about this job right now: {err}"
+    job.job_url = public_job_url(data, job.job_url)
+    return job, detail
+
+
+# -- routes -------------------------------------------------------------------------------------
 
 
 _BEARER = HTTPBearer(auto_error=False)
@@ -363,6 +414,26 @@ async def require_airflow_user(request: Request) -> Any:
     return await get_user(request, _oauth_token=None, bearer_credentials=await _BEARER(request))
 
 
+def serve_action(user: Any, app_name: str, body: Any, action_header: str | None) -> JSONResponse:
+    """Roll back (``{"version": null}``) or pin a version of ``app_name`` by triggering a DAG run."""
+    if action_header != "1":
+        return JSONResponse({"detail": f"send the {ACTION_HEADER}: 1 header (the page's buttons do)"},
+                            status_code=403)
+    if not isinstance(body, dict) or set(body) - {"version"} or not isinstance(body.get("version"), (str, type(None))):
+        return JSONResponse({"detail": 'send JSON {"version": null} to roll back, or {"version": "<model version>"} '
+                                       "to pin that version"}, status_code=400)
+    try:
+        # Imported here: the page works (without these buttons working) where the module is absent.
+        from airflow_ray_ml.plugins.serve_actions import ServeActionError, request_serve_action
+    except ImportError as err:
+        return JSONResponse({"detail": f"rollbacks are not available in this installation: {err}"}, status_code=501)
+    try:
+        run = request_serve_action(user, app_name, body.get("version"))
+    except ServeActionError as err:
+        return JSONResponse({"detail": str(err)}, status_code=err.status_code)
+    return JSONResponse({**run, "url": f"../dags/{run['dag_id']}/runs/{run['run_id']}"}, status_code=201)
+
+
 def build_app() -> FastAPI:
     """The page's FastAPI app: every route needs an Airflow login and shows what that user may read.
 
@@ -373,30 +444,33 @@ def build_app() -> FastAPI:
     """
     app = FastAPI(title="Ray ML", dependencies=[Depends(require_airflow_user)], docs_url=None, redoc_url=None,
                   openapi_url=None)
+    no_store = {"Cache-Control": "no-store"}
 
     @app.get("/", response_class=HTMLResponse)
-    def page(user: Any = Depends(require_airflow_user)) -> HTMLResponse:
-        return HTMLResponse(render(collect(user)), headers={"Cache-Control": "no-store"})
+    def page(tune: str | None = None, user: Any = Depends(require_airflow_user)) -> HTMLResponse:
+        data = collect(user, tune)
+        return HTMLResponse(render(data), status_code=data.selection_status, headers=no_store)
 
     @app.get("/plot.png")
-    def plot(user: Any = Depends(require_airflow_user)) -> Response:
-        return Response(plot_bytes(user), media_type="image/png", headers={"Cache-Control": "no-store"})
+    def plot(tune: str | None = None, user: Any = Depends(require_airflow_user)) -> Response:
+        return Response(plot_bytes(user, tune), media_type="image/png", headers=no_store)
 
     @app.get("/status.json")
-    def status(user: Any = Depends(require_airflow_user)) -> dict[str, Any]:
-        data = collect(user)
-        return {
-            "conn_id": data.conn_id,
-            "dashboard_url": data.dashboard_url,
-            "serve_error": data.serve_error,
-            "applications": [vars(served) for served in data.apps],
-            "tune_error": data.tune_error,
-            "tune": None if data.tune is None else {
-                "dag_id": data.tune.dag_id, "run_id": data.tune.run_id, "task_id": data.tune.task_id,
-                "job_url": data.tune.job_url, "result": data.tune.result, "rows": len(data.tune.rows),
-                "leaderboard_error": data.tune.leaderboard_error,
-            },
-        }
+    def status(tune: str | None = None, user: Any = Depends(require_airflow_user)) -> JSONResponse:
+        data = collect(user, tune)
+        return JSONResponse(status_json(data), status_code=data.selection_status, headers=no_store)
+
+    @app.get("/jobs/{submission_id}", response_class=HTMLResponse)
+    def job(submission_id: str, user: Any = Depends(require_airflow_user)) -> HTMLResponse:
+        stage_job, detail = job_detail(user, submission_id)
+        html = _TEMPLATES.get_template("ray_ml_job.html").render(job=stage_job, detail=detail,
+                                                                 token_help=DASHBOARD_TOKEN_HELP)
+        return HTMLResponse(html, headers=no_store)
+
+    @app.post("/apps/{app_name}/actions")
+    def action(app_name: str, body: Any = Body(None), x_ray_ml_action: str | None = Header(None),
+               user: Any = Depends(require_airflow_user)) -> JSONResponse:
+        return serve_action(user, app_name, body, x_ray_ml_action)
 
     return app
 
@@ -415,3 +489,5 @@ class RayMLPlugin(AirflowPlugin):
     fastapi_apps = [{"app": build_app(), "url_prefix": URL_PREFIX, "name": "Ray ML"}]
     # Relative href: the UI resolves it against its base URL, so it works behind a path prefix too.
     external_views = [{"name": "Ray ML", "href": "ray-ml/", "url_route": "ray-ml", "destination": "nav"}]
+    # Loaded wherever Airflow loads plugins; the scheduler (and dag.test()) call it as runs finish.
+    listeners = [decision_notes]

@@ -13,15 +13,20 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import time
 import zlib
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 import requests
+from markupsafe import escape
 
 from airflow_ray_ml.plugins import ray_ml
+from airflow_ray_ml.plugins.ray_ml_runs import SelectorError, StageJob, TuneRunRef, parse_selector
+from airflow_ray_ml.plugins.ray_ml_serving import HistoryEntry, ServingHistory, history_uri, read_history
 from tests.conftest import load_dag
 from tests.plugins.api_server import running_api_server
 
@@ -68,23 +73,81 @@ def test_page_renders_notices_when_ray_is_unreachable(monkeypatch):
 
 def test_page_escapes_everything_it_shows():
     hostile = '<script>alert("x")</script>'
-    data = ray_ml.PageData(conn_id=hostile, dashboard_url="http://127.0.0.1:8265")
-    data.apps = [ray_ml.ServedApp(name=hostile, status="RUNNING", endpoint="http://h/x", version=hostile)]
+    data = ray_ml.PageData(conn_id=hostile, dashboard_url="http://127.0.0.1:8265", readable={hostile})
+    history = ServingHistory(uri="/h", total=1, entries=[HistoryEntry(
+        at=hostile, action=hostile, dag_id=hostile, run_id=hostile, challenger_version=hostile, reason=hostile)])
+    data.apps = [ray_ml.ServedApp(name=hostile, status="RUNNING", endpoint="http://h/x", version=hostile,
+                                  history=history)]
+    data.tune_runs = [TuneRunRef(hostile, hostile, hostile, -1, hostile)]
     data.tune = ray_ml.TuneRun(dag_id=hostile, run_id="r", task_id="t", map_index=-1, pushed_at="now",
                                result={"best_trial_id": hostile, "plot_uri": "/p.png"},
                                rows=[{"trial_id": hostile, "config": {"k": hostile}, "metrics": {}}])
+    data.jobs = [StageJob(hostile, "r", hostile, -1, hostile, message=hostile)]
     html = ray_ml.render(data)
-    assert "<script>" not in html
-    assert html.count("&lt;script&gt;") >= 5
+    assert hostile not in html and "<script>alert" not in html
+    assert html.count("&lt;script&gt;") >= 15
+
+
+def test_history_of_an_application_reads_newest_first_and_names_any_action(tmp_path):
+    from airflow_ray_ml_stages import artifacts
+
+    uri = history_uri(str(tmp_path), "wine-x")
+    artifacts.write_json_atomic(uri, [
+        {"at": "2026-07-01T10:00:00+00:00", "action": "promoted", "challenger_version": "v1", "metric": "rmse",
+         "challenger": 0.7, "champion": None, "reason": "no champion yet"},
+        {"at": "2026-07-02T10:00:00+00:00", "action": "kept_champion", "challenger_version": "v2",
+         "champion_version": "v1", "metric": "rmse", "challenger": 0.75, "champion": 0.7},
+        {"at": "2026-07-03T10:00:00+00:00", "action": "rollback", "version": "v0", "from_version": "v1"},
+        {"at": "2026-07-04T10:00:00+00:00", "action": "frozen_by_ops", "version": "v0"},
+        "not a decision",
+    ])
+    history = read_history(str(tmp_path), "wine-x")
+    assert history.error is None and history.total == 4
+    assert [entry.action for entry in history.entries] == ["frozen_by_ops", "rollback", "kept_champion", "promoted"]
+    served = [(entry.served_version, entry.other_version) for entry in history.entries]
+    assert served == [("v0", ""), ("v0", "v1"), ("v1", "v2"), ("v1", "")]
+    assert history.entries[0].label == "frozen by ops"
+    data = ray_ml.PageData(conn_id="c")
+    data.apps = [ray_ml.ServedApp(name="wine-x", status="RUNNING", endpoint="", version="v0", history=history)]
+    html = ray_ml.render(data)
+    assert html.index('data-action="frozen_by_ops"') < html.index('data-action="promoted"')
+    assert 'data-app="wine-x" data-version="v1">Pin</button>' in html  # a promoted version not served now
+
+
+def test_history_that_is_missing_or_unreadable_becomes_a_sentence(tmp_path):
+    missing = read_history(str(tmp_path), "nothing-here")
+    assert missing.entries == [] and "No deploy has recorded a decision" in missing.error
+    (tmp_path / "serving" / "broken").mkdir(parents=True)
+    (tmp_path / "serving" / "broken" / "history.json").write_text("{not json")
+    broken = read_history(str(tmp_path), "broken")
+    assert broken.entries == [] and "cannot be read" in broken.error
+    data = ray_ml.PageData(conn_id="c")
+    data.apps = [ray_ml.ServedApp(name="broken", status="RUNNING", endpoint="", history=broken)]
+    assert "cannot be read" in ray_ml.render(data)
+
+
+@pytest.mark.parametrize("selector", ["", "dag-only", "d/r/t", "d/r/t/x", "d/r/t/-2", "d//t/-1", "d d/r/t/-1"])
+def test_tune_selector_that_is_malformed_is_refused_naming_the_shape(selector):
+    with pytest.raises(SelectorError, match="<dag_id>/<run_id>/<task_id>/<map_index>"):
+        parse_selector(selector)
+
+
+def test_tune_selector_keeps_a_run_id_with_slashes_and_pluses():
+    ref = parse_selector("wine/manual__2026-07-01T00:00:00+00:00/x/y/tune/3")
+    assert (ref.dag_id, ref.run_id, ref.task_id, ref.map_index) == ("wine", "manual__2026-07-01T00:00:00+00:00/x/y",
+                                                                   "tune", 3)
+    assert parse_selector(ref.selector) == ref
 
 
 def test_page_refuses_requests_without_an_airflow_login():
     from fastapi.testclient import TestClient
 
     client = TestClient(ray_ml.build_app())
-    for path in ("/", "/plot.png", "/status.json"):
+    for path in ("/", "/plot.png", "/status.json", "/jobs/airflow-x-tune-0123456789abcdef"):
         response = client.get(path)
         assert response.status_code == 401, (path, response.status_code)
+    response = client.post("/apps/wine/actions", json={"version": None}, headers={ray_ml.ACTION_HEADER: "1"})
+    assert response.status_code == 401
 
 
 def test_leaderboard_that_is_not_a_list_of_rows_is_refused(tmp_path):
@@ -125,14 +188,24 @@ def _chromium(url: str, profile: str, *extra: str) -> subprocess.CompletedProces
 
 @pytest.fixture(scope="module")
 def served_and_tuned(airflow_db, ray_conn, tmp_path_factory):
-    """A real search, its best model trained and served on Ray Serve by the deploy operator."""
+    """A real search, its best model trained and served on Ray Serve by the deploy operator (a
+    promotion), then a second, one-trial search and a second deploy of that model that keeps the
+    champion (``ray_ml_page_followup``, on the first run's data and model, a day later)."""
+    from tests.operators.test_ray_job import _xcom
+
     when = datetime(2026, 7, 1, tzinfo=timezone.utc)
     serve_run = load_dag("ray_ml_page_serve").test(logical_date=when, run_after=when)
     assert serve_run.state == "success"
-    from tests.operators.test_ray_job import _xcom
-
     tuned = {**_xcom(serve_run, "tune"), "job": _xcom(serve_run, "tune", key="ray_job")}
-    return _xcom(serve_run, "deploy"), _xcom(serve_run, "train"), tuned
+    model, data = _xcom(serve_run, "train"), _xcom(serve_run, "preprocess")
+    later = when + timedelta(days=1)
+    followup = load_dag("ray_ml_page_followup").test(logical_date=later, run_after=later,
+                                                      run_conf={"model": model, "data": data})
+    assert followup.state == "success"
+    deploy_state = {ti.task_id: ti.state for ti in followup.get_task_instances()}
+    assert deploy_state == {"tune": "success", "deploy": "skipped"}, deploy_state  # skipped: kept the champion
+    return {"deployed": _xcom(serve_run, "deploy"), "trained": model, "tuned": tuned, "serve_run": serve_run,
+            "followup_run": followup, "followup_tuned": _xcom(followup, "tune")}
 
 
 @pytest.fixture(scope="module")
@@ -143,49 +216,77 @@ def api_server(served_and_tuned, tmp_path_factory):
         yield base
 
 
+def _selector(dag_run) -> str:
+    return f"{dag_run.dag_id}/{dag_run.run_id}/tune/-1"
+
+
+def _dom(url: str, profile: str) -> str:
+    """The page's DOM after its scripts and images ran, as headless Chromium has it."""
+    dom = _chromium(url, profile, "--dump-dom", "--virtual-time-budget=5000")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom.stdout
+
+
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary: install Debian's `chromium` "
+                                                             "package (CI's .ci/run does) to run the browser test")
+
+
 @pytest.mark.integration
 @pytest.mark.browser
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary: install Debian's `chromium` package "
-                                                "(CI's .ci/run does) to run the browser test")
-def test_ray_ml_page_in_headless_chromium_shows_served_model_and_leaderboard(served_and_tuned, api_server,
-                                                                              tmp_path):
-    deployed, trained, tuned = served_and_tuned
+@needs_chromium
+def test_ray_ml_page_in_headless_chromium_shows_two_tune_runs_and_switches_between_them(served_and_tuned,
+                                                                                        api_server, tmp_path):
+    tuned, followup = served_and_tuned["tuned"], served_and_tuned["followup_tuned"]
+    older, newer = _selector(served_and_tuned["serve_run"]), _selector(served_and_tuned["followup_run"])
     page = f"{api_server}{ray_ml.URL_PREFIX}/"
 
     # All-admins mode: Airflow's middleware gives every request an admin's JWT, which the page's
     # dependency on Airflow's get_user then validates (the refusal without one is tested above).
-    plot = requests.get(f"{page}plot.png", timeout=30)
+    status = requests.get(f"{page}status.json", timeout=60).json()
+    assert [run["selector"] for run in status["tune_runs"]][:2] == [newer, older]  # newest first
+    assert status["tune"]["selector"] == newer and status["tune"]["rows"] == 1
+    switched = requests.get(f"{page}status.json", params={"tune": older}, timeout=60).json()
+    assert switched["tune"]["selector"] == older and switched["tune"]["rows"] == 4
+    plot = requests.get(f"{page}plot.png", params={"tune": older}, timeout=30)
     assert plot.status_code == 200 and plot.headers["content-type"] == "image/png"
     assert plot.content == Path(tuned["plot_uri"]).read_bytes()
+    assert requests.get(f"{page}plot.png", timeout=30).content == Path(followup["plot_uri"]).read_bytes()
 
-    profile = str(tmp_path / "profile")
     started = time.monotonic()
-    dom = _chromium(page, profile, "--dump-dom", "--virtual-time-budget=5000")
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    html = dom.stdout
-
-    # The served application: its version, endpoint and test metrics from the model card.
-    endpoint = deployed["endpoint"]
-    assert 'data-app="wine-ui"' in html
-    assert trained["model_version"] in html and endpoint in html
-    assert f"{trained['metrics']['test']['rmse']:.4f}" in html
-    dashboard = json.loads(os.environ["AIRFLOW_CONN_RAY_DEFAULT"])["extra"]["dashboard_url"]
-    assert f'href="{dashboard}/#/overview"' in html
-    assert f'href="{dashboard}/#/serve/applications/wine-ui"' in html
-    # The leaderboard, best first, as the tune result's JSON file has it; the plot loaded.
+    # The default: the newest run, one trial, chosen in the picker; its plot above its table.
+    html = _dom(page, str(tmp_path / "profile"))
+    assert f'data-selector="{newer}"' in html
+    assert f'<option value="{newer}" selected="">' in html and f'<option value="{older}">' in html
+    assert html.count('class="trial"') == 1 and f'data-trial="{followup["best_trial_id"]}"' in html
+    assert html.index('id="tune-plot"') < html.index('id="leaderboard"')
+    # The older run, by the picker's value: its four trials best first, its plot decoded by the browser.
+    html = _dom(f"{page}?{urlencode({'tune': older})}", str(tmp_path / "profile-older"))
+    assert f'data-selector="{older}"' in html and f'<option value="{older}" selected="">' in html
     rows = json.loads(Path(tuned["leaderboard_json_uri"]).read_text())
     positions = [html.index(f'data-trial="{row["trial_id"]}"') for row in rows]
-    assert positions == sorted(positions)
-    assert len(rows) == 4 and tuned["best_trial_id"] in html
+    assert len(rows) == 4 and positions == sorted(positions) and html.count('class="trial"') == 4
     assert all(row["status"] in html for row in rows)
     plot_width, _, _ = _png_pixels(Path(tuned["plot_uri"]).read_bytes())
-    assert 'id="tune-plot"' in html and f'data-width="{plot_width}"' in html  # the browser decoded it
-    assert "<code>ray_ml_page_serve</code>" in html
-    assert tuned["job"]["job_url"] in html
+    assert 'id="tune-plot"' in html and f'data-width="{plot_width}"' in html
+    assert "<code>ray_ml_page_serve</code>" in html and tuned["job"]["job_url"] in html
+
+    # The served application: its version, endpoint and test metrics from the model card.
+    deployed, trained = served_and_tuned["deployed"], served_and_tuned["trained"]
+    assert 'data-app="wine-ui"' in html
+    assert trained["model_version"] in html and deployed["endpoint"] in html
+    assert f"{trained['metrics']['test']['rmse']:.4f}" in html
+    dashboard = json.loads(os.environ["AIRFLOW_CONN_RAY_DEFAULT"])["extra"]["dashboard_url"]
+    assert f'href="{dashboard}/#/overview"' in html and 'id="dashboard-token-help"' in html
+    assert f'href="{dashboard}/#/serve/applications/wine-ui"' in html
+    # A selector of no run the user may read: the page still renders, says so, and answers 404.
+    missing = requests.get(page, params={"tune": "no_such_dag/r/tune/-1"}, timeout=60)
+    assert missing.status_code == 404 and 'id="selection-error"' in missing.text
+    assert requests.get(page, params={"tune": "not a selector"}, timeout=60).status_code == 400
 
     shot = tmp_path / "ray-ml-page.png"
-    result = _chromium(page, str(tmp_path / "profile2"), f"--screenshot={shot}", "--window-size=1280,1600",
-                       "--hide-scrollbars", "--virtual-time-budget=5000")
+    result = _chromium(f"{page}?{urlencode({'tune': older})}", str(tmp_path / "profile2"),
+                       f"--screenshot={shot}", "--window-size=1280,1600", "--hide-scrollbars",
+                       "--virtual-time-budget=5000")
     assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
     width, height, scanlines = _png_pixels(shot.read_bytes())
     assert (width, height) == (1280, 1600)
@@ -194,3 +295,77 @@ def test_ray_ml_page_in_headless_chromium_shows_served_model_and_leaderboard(ser
     if os.environ.get("RAYML_KEEP_SCREENSHOT"):
         shutil.copyfile(shot, os.environ["RAYML_KEEP_SCREENSHOT"])
 
+
+@pytest.mark.integration
+@pytest.mark.browser
+@needs_chromium
+def test_ray_ml_page_in_headless_chromium_shows_version_history_after_a_promotion_and_a_kept_champion(
+        served_and_tuned, api_server, tmp_path):
+    version = served_and_tuned["trained"]["model_version"]
+    page = f"{api_server}{ray_ml.URL_PREFIX}/"
+    status = requests.get(f"{page}status.json", timeout=60).json()
+    app = next(app for app in status["applications"] if app["name"] == "wine-ui")
+    entries = app["history"]["entries"]
+    assert [entry["action"] for entry in entries][:2] == ["kept_champion", "promoted"], entries
+    kept, promoted = entries[0], entries[1]
+    assert (kept["dag_id"], kept["challenger_version"], kept["champion_version"]) == (
+        "ray_ml_page_followup", version, version)
+    assert kept["metric"] == "rmse" and "needs 1e+06 better" in kept["reason"]
+    assert (promoted["dag_id"], promoted["challenger_version"]) == ("ray_ml_page_serve", version)
+
+    html = _dom(page, str(tmp_path / "profile"))
+    section = html[html.index('data-history-app="wine-ui"'):]
+    section = section[:section.index("</section>")]
+    assert section.index('data-action="kept_champion"') < section.index('data-action="promoted"')
+    assert "kept champion" in section and "needs 1e+06 better" in section
+    assert f"{kept['challenger']:.4f}" in section and f"{kept['champion']:.4f}" in section
+    assert 'href="../dags/ray_ml_page_followup/runs/' in section  # the deciding run, in Airflow's UI
+    assert 'data-app="wine-ui" data-version="">Roll back to the previous model</button>' in section
+    assert '<span class="muted">serving</span>' in section  # the promoted version is the live one: no Pin
+
+
+@pytest.mark.integration
+def test_job_detail_shows_a_real_jobs_status_and_log_tail_without_the_dashboard_token(served_and_tuned,
+                                                                                     api_server):
+    from airflow_ray_ml.hooks.ray import RayHook
+
+    job = served_and_tuned["tuned"]["job"]
+    page = f"{api_server}{ray_ml.URL_PREFIX}/"
+    status = requests.get(f"{page}status.json", params={"tune": _selector(served_and_tuned["serve_run"])},
+                          timeout=60).json()
+    jobs = {stage["task_id"]: stage for stage in status["jobs"]}
+    assert set(jobs) == {"demo_data", "preprocess", "tune", "train"}, jobs  # the deploy runs no Ray job
+    assert all(stage["status"] == "SUCCEEDED" for stage in jobs.values()) and status["jobs_error"] is None
+    assert jobs["tune"]["submission_id"] == job["submission_id"]
+
+    # No bearer token for Ray here: the api-server reads the job through the `ray` connection.
+    response = requests.get(f"{page}jobs/{job['submission_id']}", timeout=60)
+    assert response.status_code == 200, response.text
+    assert 'id="job-state">SUCCEEDED<' in response.text
+    log_lines = RayHook().get_job_logs(job["submission_id"]).splitlines()
+    tail = str(escape("\n".join(log_lines[-ray_ml.LOG_TAIL_LINES:])))  # as the template escapes it
+    assert tail in response.text and job["job_url"] in response.text
+    assert requests.get(f"{page}jobs/airflow-ray-ml-page-serve-tune-0000000000000000", timeout=60).status_code == 404
+    assert requests.get(f"{page}jobs/not%20an%20id", timeout=60).status_code == 400
+
+
+@pytest.mark.integration
+def test_serve_action_refuses_a_post_without_its_header_a_bad_body_and_what_cannot_be_served(served_and_tuned,
+                                                                                             api_server):
+    version = served_and_tuned["trained"]["model_version"]
+    actions = f"{api_server}{ray_ml.URL_PREFIX}/apps/wine-ui/actions"
+    # What a cross-site form could send: no custom header.
+    refused = requests.post(actions, json={"version": None}, timeout=60)
+    assert refused.status_code == 403 and ray_ml.ACTION_HEADER in refused.json()["detail"]
+    header = {ray_ml.ACTION_HEADER: "1"}
+    for body in ({"version": 3}, {"version": None, "force": True}, ["v1"]):
+        bad = requests.post(actions, json=body, headers=header, timeout=60)
+        assert bad.status_code == 400 and '{"version": null}' in bad.json()["detail"], (body, bad.text)
+    # Through serve_actions, with the rollback DAG in Airflow's DB: refusals that trigger no run
+    # (a run would wait for a scheduler, and another module's scheduler would then run it).
+    subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
+                   check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+    first = requests.post(actions, json={"version": None}, headers=header, timeout=60)
+    assert first.status_code == 409 and version in first.json()["detail"], first.text  # nothing before it
+    unknown = requests.post(actions, json={"version": "xgboost-never-promoted"}, headers=header, timeout=60)
+    assert unknown.status_code == 404 and "never promoted" in unknown.json()["detail"], unknown.text

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from airflow_ray_ml.job_status import base_submission_id
 from airflow_ray_ml.plugins import ray_ml
 from tests.conftest import load_dag
 from tests.plugins.api_server import running_api_server
@@ -80,7 +81,15 @@ def _get(base: str, token: str, path: str) -> requests.Response:
 
 def _run_markers(run) -> list[str]:
     """What on the page would show that ``run``'s Tune result is there."""
-    return [run.run_id, f'data-trial="{run.dag_id}-trial-1"', f"airflow-{run.dag_id}-{run.run_id}"]
+    return [run.run_id, f'data-trial="{run.dag_id}-trial-1"', _submission_id(run)]
+
+
+def _submission_id(run) -> str:
+    return base_submission_id(run.dag_id, run.run_id, "tune")
+
+
+def _selector(run) -> str:
+    return f"{run.dag_id}/{run.run_id}/tune/-1"
 
 
 @pytest.mark.parametrize(("user", "readable", "hidden"), [("reader_a", DAG_A, DAG_B), ("reader_b", DAG_B, DAG_A)])
@@ -98,7 +107,7 @@ def test_page_with_access_to_one_dag_shows_its_tune_run_and_not_the_others(page_
     assert tune is not None, status.json()
     assert (tune["dag_id"], tune["run_id"], tune["task_id"]) == (readable, tune_runs[readable].run_id, "tune")
     assert tune["rows"] == 2 and tune["leaderboard_error"] is None
-    assert tune["job_url"].endswith(f"airflow-{readable}-{tune_runs[readable].run_id}")
+    assert tune["job_url"].endswith(_submission_id(tune_runs[readable]))
 
     html = _get(base, token, f"{ray_ml.URL_PREFIX}/").text
     assert all(marker in html for marker in _run_markers(tune_runs[readable])), html
@@ -119,6 +128,7 @@ def test_page_without_access_to_any_dag_shows_no_tune_run(page_server, tune_runs
     status = _get(base, token, f"{ray_ml.URL_PREFIX}/status.json")
     assert status.status_code == 200, status.text
     assert status.json()["tune"] is None and status.json()["tune_error"] is None
+    assert status.json()["tune_runs"] == []
 
     html = _get(base, token, f"{ray_ml.URL_PREFIX}/").text
     assert 'id="tune-empty"' in html
@@ -132,3 +142,55 @@ def test_page_refuses_a_token_it_cannot_verify_and_a_request_without_one(page_se
     response = _get(base, "not-a-jwt", f"{ray_ml.URL_PREFIX}/status.json")
     assert response.status_code == 403, response.status_code
     assert requests.get(f"{base}{ray_ml.URL_PREFIX}/status.json", timeout=30).status_code == 401
+
+
+@pytest.mark.parametrize(("user", "readable", "hidden"), [("reader_a", DAG_A, DAG_B), ("reader_b", DAG_B, DAG_A)])
+def test_tune_picker_lists_only_readable_runs_and_refuses_a_selector_of_another_dag(page_server, tune_runs, user,
+                                                                                    readable, hidden):
+    base, passwords = page_server
+    token = _token(base, user, passwords[user])
+    status = _get(base, token, f"{ray_ml.URL_PREFIX}/status.json").json()
+    assert {run["dag_id"] for run in status["tune_runs"]} == {readable}
+    assert _selector(tune_runs[readable]) in [run["selector"] for run in status["tune_runs"]]
+
+    # The other DAG's run, named exactly: answered as if it did not exist.
+    other = {"tune": _selector(tune_runs[hidden])}
+    refused = requests.get(f"{base}{ray_ml.URL_PREFIX}/status.json", params=other,
+                           headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert refused.status_code == 404 and refused.json()["tune"] is None
+    assert "among the DAGs you may read" in refused.json()["selection_error"]
+    page = requests.get(f"{base}{ray_ml.URL_PREFIX}/", params=other, headers={"Authorization": f"Bearer {token}"},
+                        timeout=60)
+    assert page.status_code == 404 and 'id="selection-error"' in page.text
+    # the notice repeats the selector asked for; nothing of that run's results is shown
+    assert not any(marker in page.text for marker in _run_markers(tune_runs[hidden])[1:])
+    assert f'<option value="{other["tune"]}"' not in page.text
+    plot = requests.get(f"{base}{ray_ml.URL_PREFIX}/plot.png", params=other,
+                        headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert plot.status_code == 404
+    # Its own run, named exactly, is shown.
+    own = requests.get(f"{base}{ray_ml.URL_PREFIX}/status.json", params={"tune": _selector(tune_runs[readable])},
+                       headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert own.status_code == 200 and own.json()["tune"]["dag_id"] == readable
+    malformed = requests.get(f"{base}{ray_ml.URL_PREFIX}/status.json", params={"tune": f"{readable}/only-two"},
+                             headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert malformed.status_code == 400 and "<dag_id>/<run_id>/<task_id>/<map_index>" in malformed.text
+
+
+def test_job_detail_answers_404_for_a_job_of_a_dag_the_user_may_not_read(page_server, tune_runs):
+    base, passwords = page_server
+    job_a = _submission_id(tune_runs[DAG_A])
+    for user in ("reader_b", "no_grants"):
+        token = _token(base, user, passwords[user])
+        response = _get(base, token, f"{ray_ml.URL_PREFIX}/jobs/{job_a}")
+        assert response.status_code == 404, (user, response.status_code)
+        assert tune_runs[DAG_A].run_id not in response.text
+    # The reader of DAG A gets the job's page; Ray is down here, which the page says.
+    token = _token(base, "reader_a", passwords["reader_a"])
+    response = _get(base, token, f"{ray_ml.URL_PREFIX}/jobs/{job_a}")
+    assert response.status_code == 200, response.text
+    assert 'id="job-error"' in response.text and tune_runs[DAG_A].run_id in response.text
+    # ... and the page lists it under the run's Ray jobs, linked to that route.
+    status = _get(base, token, f"{ray_ml.URL_PREFIX}/status.json").json()
+    assert [job["submission_id"] for job in status["jobs"]] == [job_a] and status["jobs_error"]
+    assert f'href="jobs/{job_a}"' in _get(base, token, f"{ray_ml.URL_PREFIX}/").text

@@ -3,8 +3,9 @@
 Each ``tune`` task writes a two-row leaderboard and a small PNG plot into the run's
 ``artifact_dir`` (a Param), records a Ray job link under the stage operators' XCom key, and returns
 a Tune-shaped manifest with ``multiple_outputs=True``, as RayTuneOperator does, so every manifest
-key (``leaderboard_json_uri`` among them) is an XCom of its own. Trial ids and the job link name
-the DAG and run, so a page shows whose run it found.
+key (``leaderboard_json_uri`` among them) is an XCom of its own. Trial ids name the DAG, and the
+job's submission id is the one a stage operator would give this task run (it names the DAG and
+hashes the run), so a page shows whose run it found; no such job runs anywhere.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param, get_current_context, task
 
+from airflow_ray_ml.job_status import base_submission_id
 from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY
 
 DAG_IDS = ("ray_ml_page_access_a", "ray_ml_page_access_b")
@@ -49,9 +51,9 @@ def tune() -> dict:
             for rank in (1, 2)]
     (out / "leaderboard.json").write_text(json.dumps(rows))
     (out / "plot.png").write_bytes(png(plot_width(dag_id), 2))
+    submission_id = base_submission_id(dag_id, run_id, "tune")
     context["ti"].xcom_push(key=RAY_JOB_XCOM_KEY, value={
-        "dashboard_url": DASHBOARD, "submission_id": f"airflow-{dag_id}-{run_id}",
-        "job_url": f"{DASHBOARD}/#/jobs/airflow-{dag_id}-{run_id}"})
+        "dashboard_url": DASHBOARD, "submission_id": submission_id, "job_url": f"{DASHBOARD}/#/jobs/{submission_id}"})
     return {"status": "succeeded", "best_trial_id": rows[0]["trial_id"], "metric": "val_rmse", "mode": "min",
             "best_metric": rows[0]["metrics"]["val_rmse"], "best_config": rows[0]["config"],
             "leaderboard_json_uri": str(out / "leaderboard.json"), "plot_uri": str(out / "plot.png"),

@@ -1,0 +1,135 @@
+"""A served application's version history, as the "Ray ML" page shows it.
+
+``RayServeDeployOperator`` appends every decision it takes for an application (promoted, kept the
+champion, rolled back, ...) to ``<artifact_root>/serving/<app>/history.json``. This module reads
+that file, newest entry first, through ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://);
+the artifact root is the ``ray`` connection's ``artifact_root``, else the operators' default.
+A missing or unreadable file becomes a sentence, never an error of the page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_ray_ml_stages import artifacts
+
+HISTORY_FILE = "history.json"
+# Entries shown per application: the newest ones; the file itself keeps them all.
+HISTORY_LIMIT = 50
+# What each known action is called on the page; any other action is shown as written.
+ACTION_LABELS = {"promoted": "promoted", "kept_champion": "kept champion",
+                 "rolled_back": "deploy failed, rolled back", "rollback": "rolled back", "pinned": "pinned",
+                 "unchanged": "unchanged", "rollback_failed": "rollback failed"}
+# Decisions that kept (or restored) the champion rather than serving the challenger.
+_CHAMPION_STAYS = ("kept_champion", "rolled_back")
+
+
+@dataclass
+class HistoryEntry:
+    """One decision about an application: when, which DAG run, what it did and why.
+
+    A deploy's decision names a challenger and a champion; a rollback's or pin's (the rollback
+    operator's) names the ``version`` it serves and the ``from_version`` it replaces.
+    """
+
+    at: str
+    action: str
+    dag_id: str = ""
+    run_id: str = ""
+    task_id: str = ""
+    challenger_version: str = ""
+    champion_version: str = ""
+    metric: str = ""
+    challenger: float | None = None
+    champion: float | None = None
+    reason: str = ""
+    error: str = ""
+    owner: str = ""
+    version: str = ""
+    from_version: str = ""
+
+    @property
+    def label(self) -> str:
+        return ACTION_LABELS.get(self.action, self.action.replace("_", " "))
+
+    @property
+    def served_version(self) -> str:
+        """The version in service after this decision."""
+        if self.action in _CHAMPION_STAYS:
+            return self.champion_version
+        if self.action == "rollback_failed":
+            return self.from_version
+        return self.version or self.challenger_version
+
+    @property
+    def other_version(self) -> str:
+        """The version this decision weighed against the served one (replaced, rejected or not restored)."""
+        if self.action in _CHAMPION_STAYS:
+            return self.challenger_version
+        if self.action == "rollback_failed":
+            return self.version
+        return self.from_version or self.champion_version
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> HistoryEntry:
+        def text(key: str) -> str:
+            value = raw.get(key)
+            return "" if value is None else str(value)
+
+        def number(key: str) -> float | None:
+            value = raw.get(key)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        return cls(at=text("at"), action=text("action") or "unknown", dag_id=text("dag_id"), run_id=text("run_id"),
+                   task_id=text("task_id"), challenger_version=text("challenger_version"),
+                   champion_version=text("champion_version"), metric=text("metric"),
+                   challenger=number("challenger"), champion=number("champion"), reason=text("reason"),
+                   error=text("error"), owner=text("owner"), version=text("version"),
+                   from_version=text("from_version"))
+
+
+@dataclass
+class ServingHistory:
+    uri: str
+    entries: list[HistoryEntry] = field(default_factory=list)
+    total: int = 0
+    error: str | None = None
+
+
+def artifact_root(conn_id: str) -> str:
+    """Where deploys write their serving history: the connection's ``artifact_root``, else the default."""
+    from airflow_ray_ml.hooks.ray import RayHook
+    from airflow_ray_ml.ray_job import DEFAULT_ARTIFACT_ROOT
+
+    return RayHook(conn_id).artifact_root or DEFAULT_ARTIFACT_ROOT
+
+
+def history_uri(root: str, app_name: str) -> str:
+    return artifacts.join(root, "serving", artifacts.safe_segment(app_name), HISTORY_FILE)
+
+
+def read_history(root: str, app_name: str, limit: int = HISTORY_LIMIT) -> ServingHistory:
+    """The application's decisions, newest first (at most ``limit``), or the reason they cannot be read."""
+    try:
+        uri = history_uri(root, app_name)
+    except Exception as err:  # an application name no store accepts
+        return ServingHistory(uri="", error=f"no serving history can exist for {app_name!r}: {err}")
+    history = ServingHistory(uri=uri)
+    try:
+        if not artifacts.exists(uri):
+            history.error = f"No deploy has recorded a decision for this application yet ({uri})."
+            return history
+        raw = artifacts.read_json(uri)
+    except Exception as err:
+        history.error = f"The serving history {uri} cannot be read: {err}"
+        return history
+    if not isinstance(raw, list):
+        history.error = f"The serving history {uri} is not a JSON list of decisions."
+        return history
+    entries = [HistoryEntry.from_dict(item) for item in raw if isinstance(item, dict)]
+    # Appended in order; sorted by time too, in case two writers' entries interleave.
+    entries = sorted(enumerate(entries), key=lambda pair: (pair[1].at, pair[0]), reverse=True)
+    history.entries = [entry for _, entry in entries][:limit]
+    history.total = len(entries)
+    return history
