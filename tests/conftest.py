@@ -59,6 +59,13 @@ def airflow_db() -> str:
     return os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
 
 
+def serialize_project_dags() -> None:
+    """Write the project's DAGs (``dags/``) to the test metadata DB, as Airflow's DAG processor does,
+    so the api-server and a scheduler know them."""
+    subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
+                   check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+
+
 def load_dag(dag_id: str, folder: Path = ROOT / "tests" / "dag_fixtures"):
     """A DAG from one of the bundles, parsed the way Airflow parses it."""
     from airflow.dag_processing.dagbag import DagBag

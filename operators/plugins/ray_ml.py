@@ -422,11 +422,9 @@ def serve_action(user: Any, app_name: str, body: Any, action_header: str | None)
     if not isinstance(body, dict) or set(body) - {"version"} or not isinstance(body.get("version"), (str, type(None))):
         return JSONResponse({"detail": 'send JSON {"version": null} to roll back, or {"version": "<model version>"} '
                                        "to pin that version"}, status_code=400)
-    try:
-        # Imported here: the page works (without these buttons working) where the module is absent.
-        from airflow_ray_ml.plugins.serve_actions import ServeActionError, request_serve_action
-    except ImportError as err:
-        return JSONResponse({"detail": f"rollbacks are not available in this installation: {err}"}, status_code=501)
+    # Imported on the first action: it brings the Serve operators, which a page view does not need.
+    from airflow_ray_ml.plugins.serve_actions import ServeActionError, request_serve_action
+
     try:
         run = request_serve_action(user, app_name, body.get("version"))
     except ServeActionError as err:

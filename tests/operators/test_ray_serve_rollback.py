@@ -23,7 +23,7 @@ from airflow_ray_ml.plugins.decision_notes import decision_text
 from airflow_ray_ml.ray_serve import history_uri, serving_dir
 from airflow_ray_ml.ray_serve_rollback import RollbackError, check_version, previous_version
 from airflow_ray_ml_stages import artifacts
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, load_dag, serialize_project_dags
 from tests.operators.test_ray_job import _xcom
 from tests.plugins.api_server import running_api_server
 
@@ -181,8 +181,7 @@ def test_rollback_and_pin_from_the_page_run_as_dag_runs_and_change_the_served_mo
     trained, _ = served
     good, better = trained["good"]["model_version"], trained["better"]["model_version"]
     # The rollback DAG must be in Airflow's DB for the page to trigger it and the scheduler to run it.
-    subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
-                   check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+    serialize_project_dags()
     secret = "rollback-test-jwt-secret"
     with running_api_server(tmp_path, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
                             AIRFLOW__API_AUTH__JWT_SECRET=secret) as base, \

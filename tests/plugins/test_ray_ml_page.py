@@ -13,7 +13,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import time
 import zlib
 from datetime import datetime, timedelta, timezone
@@ -27,7 +26,7 @@ from markupsafe import escape
 from airflow_ray_ml.plugins import ray_ml
 from airflow_ray_ml.plugins.ray_ml_runs import SelectorError, StageJob, TuneRunRef, parse_selector
 from airflow_ray_ml.plugins.ray_ml_serving import HistoryEntry, ServingHistory, history_uri, read_history
-from tests.conftest import load_dag
+from tests.conftest import load_dag, serialize_project_dags
 from tests.plugins.api_server import running_api_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -363,8 +362,7 @@ def test_serve_action_refuses_a_post_without_its_header_a_bad_body_and_what_cann
         assert bad.status_code == 400 and '{"version": null}' in bad.json()["detail"], (body, bad.text)
     # Through serve_actions, with the rollback DAG in Airflow's DB: refusals that trigger no run
     # (a run would wait for a scheduler, and another module's scheduler would then run it).
-    subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
-                   check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+    serialize_project_dags()
     first = requests.post(actions, json={"version": None}, headers=header, timeout=60)
     assert first.status_code == 409 and version in first.json()["detail"], first.text  # nothing before it
     unknown = requests.post(actions, json={"version": "xgboost-never-promoted"}, headers=header, timeout=60)

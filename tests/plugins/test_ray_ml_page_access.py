@@ -18,7 +18,7 @@ import requests
 
 from airflow_ray_ml.job_status import base_submission_id
 from airflow_ray_ml.plugins import ray_ml
-from tests.conftest import load_dag
+from tests.conftest import load_dag, serialize_project_dags
 from tests.plugins.api_server import running_api_server
 from tests.plugins.dag_fixtures.page_access_dags import DAG_IDS, plot_width
 
@@ -194,3 +194,15 @@ def test_job_detail_answers_404_for_a_job_of_a_dag_the_user_may_not_read(page_se
     status = _get(base, token, f"{ray_ml.URL_PREFIX}/status.json").json()
     assert [job["submission_id"] for job in status["jobs"]] == [job_a] and status["jobs_error"]
     assert f'href="jobs/{job_a}"' in _get(base, token, f"{ray_ml.URL_PREFIX}/").text
+
+
+def test_rollback_from_the_page_is_refused_to_a_user_who_may_not_trigger_the_rollback_dag(page_server):
+    """A viewer may read the page but not trigger DAGs: the button's request is refused before Ray is asked."""
+    base, passwords = page_server
+    serialize_project_dags()
+    token = _token(base, "reader_a", passwords["reader_a"])
+    response = requests.post(f"{base}{ray_ml.URL_PREFIX}/apps/wine-quality/actions", json={"version": None},
+                             headers={"Authorization": f"Bearer {token}", ray_ml.ACTION_HEADER: "1"}, timeout=60)
+    # 403 with the DAG named, not the page's "cannot reach Ray" (502): the permission came first
+    assert response.status_code == 403, response.text
+    assert "may not trigger DAG 'ray_serve_rollback'" in response.json()["detail"]
