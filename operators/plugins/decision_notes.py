@@ -60,7 +60,7 @@ def note_decisions(dag_run: Any, session: Any) -> list[str]:
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
 
-    from airflow_ray_ml.plugins.xcom_values import decode_xcom
+    from airflow_ray_ml.plugins.ray_ml_runs import decode_xcom
     from airflow_ray_ml.ray_serve import DECISION_XCOM_KEY
 
     rows = session.execute(

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_ray_ml.ray_serve import history_uri, serving_dir
 from airflow_ray_ml_stages import artifacts
 
-HISTORY_FILE = "history.json"
 # Entries shown per application: the newest ones; the file itself keeps them all.
 HISTORY_LIMIT = 50
 # What each known action is called on the page; any other action is shown as written.
@@ -97,22 +97,17 @@ class ServingHistory:
     error: str | None = None
 
 
-def artifact_root(conn_id: str) -> str:
-    """Where deploys write their serving history: the connection's ``artifact_root``, else the default."""
+def artifact_root(conn_id: str) -> str | None:
+    """Where deploys write their serving history: the connection's ``artifact_root`` (None: the default)."""
     from airflow_ray_ml.hooks.ray import RayHook
-    from airflow_ray_ml.ray_job import DEFAULT_ARTIFACT_ROOT
 
-    return RayHook(conn_id).artifact_root or DEFAULT_ARTIFACT_ROOT
-
-
-def history_uri(root: str, app_name: str) -> str:
-    return artifacts.join(root, "serving", artifacts.safe_segment(app_name), HISTORY_FILE)
+    return RayHook(conn_id).artifact_root
 
 
-def read_history(root: str, app_name: str, limit: int = HISTORY_LIMIT) -> ServingHistory:
+def read_history(root: str | None, app_name: str, limit: int = HISTORY_LIMIT) -> ServingHistory:
     """The application's decisions, newest first (at most ``limit``), or the reason they cannot be read."""
     try:
-        uri = history_uri(root, app_name)
+        uri = history_uri(serving_dir(root, app_name))
     except Exception as err:  # an application name no store accepts
         return ServingHistory(uri="", error=f"no serving history can exist for {app_name!r}: {err}")
     history = ServingHistory(uri=uri)

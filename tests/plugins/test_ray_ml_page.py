@@ -25,7 +25,8 @@ from markupsafe import escape
 
 from airflow_ray_ml.plugins import ray_ml
 from airflow_ray_ml.plugins.ray_ml_runs import SelectorError, StageJob, TuneRunRef, parse_selector
-from airflow_ray_ml.plugins.ray_ml_serving import HistoryEntry, ServingHistory, history_uri, read_history
+from airflow_ray_ml.plugins.ray_ml_serving import HistoryEntry, ServingHistory, read_history
+from airflow_ray_ml.ray_serve import history_uri, serving_dir
 from tests.conftest import load_dag, serialize_project_dags
 from tests.plugins.api_server import running_api_server
 
@@ -90,7 +91,7 @@ def test_page_escapes_everything_it_shows():
 def test_history_of_an_application_reads_newest_first_and_names_any_action(tmp_path):
     from airflow_ray_ml_stages import artifacts
 
-    uri = history_uri(str(tmp_path), "wine-x")
+    uri = history_uri(serving_dir(str(tmp_path), "wine-x"))
     artifacts.write_json_atomic(uri, [
         {"at": "2026-07-01T10:00:00+00:00", "action": "promoted", "challenger_version": "v1", "metric": "rmse",
          "challenger": 0.7, "champion": None, "reason": "no champion yet"},
