@@ -123,7 +123,7 @@ with DAG(
         "label_min": Param(None, type=["null", "number"], title="Lowest label",
                            description=f"Labels below it fail the run. {RANGE_HELP}"),
         "label_max": Param(None, type=["null", "number"], title="Highest label",
-                           description=f"Labels above it fail the run. {RANGE_HELP}"),
+                           description="Labels above it fail the run (see Lowest label)"),
         "families": Param(list(FAMILIES), type="array", minItems=1, uniqueItems=True,
                           items={"type": "string", "enum": list(FAMILIES)},
                           examples=list(FAMILIES),  # what makes the form a multi-select
