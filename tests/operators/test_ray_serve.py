@@ -60,16 +60,19 @@ def test_gate_promotes_only_a_better_challenger(challenger, champion, metric, mi
     assert gate(challenger, champion, metric, min_improvement, force=True)[0] is True
 
 
-@pytest.fixture(scope="module")
-def models(airflow_db, ray_conn):
-    """Three trained models (worse < good < better on the same test split) and that split."""
-    when = datetime(2026, 5, 1, tzinfo=timezone.utc)
+def train_models(when: datetime) -> tuple[dict[str, dict], dict]:
+    """Three trained models (worse < good < better on the same test split) and that split's XCom."""
     dag_run = load_dag("serve_models").test(logical_date=when, run_after=when)
     assert dag_run.state == "success"
     trained = {name: _xcom(dag_run, f"train_{name}") for name in ("worse", "good", "better")}
     rmse = {name: model["metrics"]["test"]["rmse"] for name, model in trained.items()}
     assert rmse["better"] < rmse["good"] < rmse["worse"], rmse  # the fixture's premise
     return trained, _xcom(dag_run, "preprocess")
+
+
+@pytest.fixture(scope="module")
+def models(airflow_db, ray_conn):
+    return train_models(datetime(2026, 5, 1, tzinfo=timezone.utc))
 
 
 def _endpoint(prefix: str = "/wine-test") -> str:

@@ -24,7 +24,7 @@ from airflow_ray_ml.ray_serve import history_uri, serving_dir
 from airflow_ray_ml.ray_serve_rollback import RollbackError, check_version, previous_version
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import ROOT, load_dag, serialize_project_dags
-from tests.operators.test_ray_job import _xcom
+from tests.operators.test_ray_serve import train_models
 from tests.plugins.api_server import running_api_server
 
 APP, ROUTE = "wine-rollback", "/rollback"
@@ -110,11 +110,7 @@ def _notes(dag_id: str, run_id: str) -> tuple[str | None, dict[str, str | None]]
 @pytest.fixture(scope="module")
 def served(airflow_db, ray_conn):
     """Three trained models (worse < good < better); good then better promoted to the test app."""
-    when = datetime(2026, 5, 2, tzinfo=timezone.utc)
-    models_run = load_dag("serve_models").test(logical_date=when, run_after=when)
-    assert models_run.state == "success"
-    trained = {name: _xcom(models_run, f"train_{name}") for name in ("worse", "good", "better")}
-    data = _xcom(models_run, "preprocess")
+    trained, data = train_models(datetime(2026, 5, 2, tzinfo=timezone.utc))
     for name in ("good", "better"):
         _, deploy = _deploy(model=trained[name], data=data)
         assert deploy.state == "success", name
