@@ -144,7 +144,7 @@ with DAG(
                             section="Search", description="Epochs per Lightning trial"),
         "num_boost_round": Param(300, type="integer", minimum=1, maximum=10000, title="XGBoost rounds",
                                  section="Search", description="Boosting rounds per XGBoost trial"),
-        # its shape is checked when the run is triggered; its values by the search_space task
+        # checked when the run is triggered, values included: the schema states SearchSpace's rules
         "search_space": Param(None, **{**search_space_json_schema(), "type": ["null", "object"]},
                               title="Search space (JSON)", section="Search", description_md=SEARCH_SPACE_HELP),
         "train_workers": Param(None, type=["null", "integer"], minimum=0, maximum=512, title="Training workers",

@@ -13,9 +13,16 @@ A search space is a JSON object::
 Each value is a fixed value or one domain: ``{"choice": [...]}``, ``{"uniform": [low, high]}``,
 ``{"loguniform": [low, high]}`` (low > 0), ``{"randint": [low, high]}`` (integers, high
 exclusive, as Ray Tune's) or ``{"grid": [...]}`` (every value is tried; random search only).
+A range given high first is the same range low first, and a range whose bounds are equal is that
+one value (``{"randint": [4, 4]}`` is 4). ``uniform`` and ``loguniform`` sample fractions, so an
+integer hyperparameter takes ``randint``, ``choice`` or ``grid``. Every option, and each range's
+bounds, must be a value training accepts
+(:data:`~airflow_ray_ml_stages.train.config.HYPERPARAMETER_CONSTRAINTS`).
 ``family`` and ``scaler`` may be fixed strings. Each family's block holds only its own
 hyperparameters; a trial of one family never sees the other's, and the best config carries only
 its own. Hyperparameters a block does not name take the train stage's defaults.
+:func:`search_space_json_schema` states the same rules as a JSON Schema, so a form can refuse a
+bad space before a run starts.
 
 Ray Tune (and Optuna) see the same nesting (Ray flattens it to keys such as ``xgboost/eta``), so
 each trial samples every block and uses its family's; choices whose options are not plain scalars
@@ -27,13 +34,22 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from typing import Any
 
 from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.errors import SpecError
-from airflow_ray_ml_stages.train.config import FAMILIES, LIGHTNING_DEFAULTS, XGBOOST_DEFAULTS, resolve_train_config
+from airflow_ray_ml_stages.train.config import (
+    FAMILIES,
+    HYPERPARAMETER_CONSTRAINTS,
+    LIGHTNING_DEFAULTS,
+    XGBOOST_DEFAULTS,
+    resolve_train_config,
+)
 
 DOMAINS = ("choice", "uniform", "loguniform", "randint", "grid")
+FIXED = "value"
+"""The kind :func:`_domain` gives a range whose bounds are equal: that one value."""
 BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round"}
 """The hyperparameter that sets a family's training length (ASHA's budget is a share of it)."""
 
@@ -72,7 +88,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _domain(where: str, value: Any) -> tuple[str, Any] | None:
-    """``(kind, argument)`` of a domain, None for a fixed value; SpecError quoting a bad one."""
+    """``(kind, argument)`` of a domain, None for a fixed value; SpecError quoting a bad one.
+
+    A range comes back low first (randint's bounds as ints); one whose bounds are equal comes back
+    as ``(FIXED, bound)``.
+    """
     if not (isinstance(value, dict) and len(value) == 1 and next(iter(value)) in DOMAINS):
         if isinstance(value, dict) and set(value) & set(DOMAINS):
             raise SpecError(f"search_space{where} must hold exactly one of {list(DOMAINS)}, got {value!r}")
@@ -82,14 +102,20 @@ def _domain(where: str, value: Any) -> tuple[str, Any] | None:
         if not isinstance(argument, list) or not argument:
             raise SpecError(f"search_space{where}: {kind} needs a non-empty list of options, got {argument!r}")
         return kind, argument
-    if not (isinstance(argument, list) and len(argument) == 2 and all(_is_number(x) for x in argument)
-            and argument[0] < argument[1]):
-        raise SpecError(f"search_space{where}: {kind} needs [low, high] numbers with low < high, got {argument!r}")
-    if kind == "loguniform" and argument[0] <= 0:
+    if not (isinstance(argument, list) and len(argument) == 2 and all(_is_number(x) for x in argument)):
+        raise SpecError(f"search_space{where}: {kind} needs [low, high] numbers, got {argument!r}")
+    # A form's schema cannot compare the two bounds, so their order is read rather than refused.
+    low, high = sorted(argument)
+    if kind == "loguniform" and low <= 0:
         raise SpecError(f"search_space{where}: loguniform needs low > 0, got {argument!r}")
-    if kind == "randint" and not all(isinstance(x, int) for x in argument):
-        raise SpecError(f"search_space{where}: randint needs integer bounds [low, high), got {argument!r}")
-    return kind, argument
+    if kind == "randint":
+        # JSON has one number type: 3.0 is the integer 3, as JSON Schema reads it too
+        if not all(isinstance(x, int) or float(x).is_integer() for x in argument):
+            raise SpecError(f"search_space{where}: randint needs integer bounds [low, high), got {argument!r}")
+        low, high = int(low), int(high)
+    if low == high:
+        return FIXED, low
+    return kind, [low, high]
 
 
 def _options(where: str, value: Any) -> list[Any]:
@@ -98,6 +124,8 @@ def _options(where: str, value: Any) -> list[Any]:
     if domain is None:
         return [value]
     kind, argument = domain
+    if kind == FIXED:
+        return [argument]
     if kind == "randint":
         return [argument[0], argument[1] - 1]
     return list(argument)
@@ -154,7 +182,14 @@ class SearchSpace:
             raise SpecError(f"search_space[{family!r}] must not set 'family' or 'scaler'; set them at the top")
         # Every option (and each range's bounds) must be a config the train stage accepts.
         for name, value in block.items():
-            for option in _options(f"[{family!r}][{name!r}]", value):
+            options = _options(f"[{family!r}][{name!r}]", value)
+            constraint = HYPERPARAMETER_CONSTRAINTS[family].get(name)
+            if constraint and constraint.kind == "integer" and self._kind(value) is not None \
+                    and next(iter(value)) in ("uniform", "loguniform"):
+                # every trial would get a fraction, which training refuses
+                raise SpecError(f"search_space[{family!r}][{name!r}] takes integers; uniform and loguniform "
+                                f"sample fractions, so give it a randint, choice or grid, got {value!r}")
+            for option in options:
                 try:
                     resolve_train_config({"family": family, name: option})
                 except SpecError as err:
@@ -178,6 +213,8 @@ class SearchSpace:
         if domain is None:
             return value
         kind, argument = domain
+        if kind == FIXED:
+            return argument
         if kind in ("choice", "grid"):
             options = argument if all(_is_scalar(x) for x in argument) else list(range(len(argument)))
             return tune.choice(options) if kind == "choice" else tune.grid_search(options)
@@ -252,12 +289,43 @@ def default_search_space(
     return space
 
 
-def search_space_json_schema() -> dict[str, Any]:
-    """A JSON Schema for a search space's shape, for forms that check input before a run starts.
+def _value_schema(constraint: dict[str, Any], integer: bool) -> dict[str, Any]:
+    """A hyperparameter's value: fixed and matching ``constraint`` (a JSON Schema), or one domain of such values.
 
-    It takes what :class:`SearchSpace` takes at the top (``family`` and ``scaler`` as a name or a
-    ``choice``/``grid`` of names, one block per family) and the known Lightning hyperparameters;
-    the values' domains are checked by :class:`SearchSpace` itself.
+    ``integer``: an integer hyperparameter, which takes no uniform or loguniform (they sample fractions).
+    """
+    listed = {"type": "array", "minItems": 1, "items": constraint}
+    domains: dict[str, Any] = {"choice": listed, "grid": listed}
+    if constraint.get("type") != "array":  # a list-valued hyperparameter has no range
+        # A bound is a finite number (SearchSpace refuses infinity) matching the constraint, whichever
+        # bound is the low one: SearchSpace reads a reversed range.
+        bound = {"type": "number", **constraint}
+        if "minimum" not in bound and "exclusiveMinimum" not in bound:
+            bound["minimum"] = -sys.float_info.max
+        if "maximum" not in bound and "exclusiveMaximum" not in bound:
+            bound["maximum"] = sys.float_info.max
+        pair = {"type": "array", "minItems": 2, "maxItems": 2}
+        domains["randint"] = {**pair, "items": {**bound, "type": "integer"}}
+        if not integer:
+            positive = max(constraint.get("exclusiveMinimum", 0), 0)
+            domains["uniform"] = {**pair, "items": bound}
+            domains["loguniform"] = {**pair, "items": {**bound, "exclusiveMinimum": positive}}
+    fixed = constraint
+    if "type" not in constraint:  # anything, but an object naming a domain is read as that domain
+        fixed = {**constraint, "not": {"type": "object", "anyOf": [{"required": [kind]} for kind in DOMAINS]}}
+    return {"anyOf": [fixed, {"type": "object", "minProperties": 1, "maxProperties": 1,
+                              "additionalProperties": False, "properties": domains}]}
+
+
+def search_space_json_schema() -> dict[str, Any]:
+    """A JSON Schema that takes the spaces :class:`SearchSpace` takes, for forms that check input before a run.
+
+    It states :class:`SearchSpace`'s rules: ``family`` and ``scaler`` as a name or a
+    ``choice``/``grid`` of names, a block only for a family the space can pick, the known
+    hyperparameters (all of Lightning's, XGBoost's checked ones) each a fixed value or a domain
+    whose options and bounds match :data:`HYPERPARAMETER_CONSTRAINTS`. Whether a range's low is
+    below its high is beyond JSON Schema; :class:`SearchSpace` reads either order. Written with
+    keywords draft 7 and 2020-12 read alike.
     """
     def names(allowed: tuple[Any, ...]) -> dict[str, Any]:
         name = {"enum": list(allowed)}
@@ -265,14 +333,39 @@ def search_space_json_schema() -> dict[str, Any]:
         return {"oneOf": [name, {"type": "object", "additionalProperties": False, "minProperties": 1,
                                  "maxProperties": 1, "properties": {"choice": listed, "grid": listed}}]}
 
+    def includes(family: str) -> dict[str, Any]:
+        """``family`` is a name that is ``family``, or a choice/grid that has it."""
+        has = {"contains": {"const": family}}
+        return {"anyOf": [{"const": family}, {"type": "object", "properties": {"choice": has, "grid": has}}]}
+
+    def block(family: str) -> dict[str, Any]:
+        constraints = HYPERPARAMETER_CONSTRAINTS[family]
+        known = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
+        properties = {name: _value_schema(constraints[name].json_schema(), constraints[name].kind == "integer")
+                      if name in constraints else _value_schema({}, integer=False) for name in known}
+        schema: dict[str, Any] = {"type": "object", "properties": properties}
+        if family == "lightning":
+            schema["additionalProperties"] = False  # Lightning takes only its own hyperparameters
+        else:
+            # the booster takes parameters beyond the checked ones, as any value or domain
+            schema["additionalProperties"] = _value_schema({}, integer=False)
+            schema["propertyNames"] = {"not": {"enum": ["family", "scaler"]}}
+        return schema
+
+    # a block needs its family among the space's; a space without 'family' is Lightning's
+    uses_its_family = [
+        {"if": {"required": [family]},
+         "then": {"properties": {"family": includes(family)}, **({} if family == "lightning" else
+                                                                 {"required": ["family"]})}}
+        for family in FAMILIES
+    ]
     return {
         "type": "object",
         "additionalProperties": False,
         "properties": {
             "family": names(FAMILIES),
             "scaler": names(tuple(SCALERS)),
-            # XGBoost takes booster parameters beyond the ones named here; Lightning only its own
-            "lightning": {"type": "object", "propertyNames": {"enum": sorted(LIGHTNING_DEFAULTS)}},
-            "xgboost": {"type": "object"},
+            **{family: block(family) for family in FAMILIES},
         },
+        "allOf": uses_its_family,
     }

@@ -76,6 +76,15 @@ def test_params_search_space_example_is_a_valid_space_and_replaces_the_form(dag,
     assert built["search_space"] == example and built["tune"]["search_space"] == example
 
 
+def test_params_search_space_range_high_first_or_equal_reaches_tune_as_given(build):
+    # the trigger cannot compare a range's bounds, so the tasks read either order
+    space = {"family": "xgboost", "scaler": "standard",
+             "xgboost": {"max_depth": {"randint": [9, 3]}, "eta": {"loguniform": [0.3, 0.02]},
+                         "subsample": {"uniform": [0.8, 0.8]}}}
+    built = build(search_space=space)
+    assert built["search_space"] == space and built["tune"]["search_space"] == space
+
+
 def test_params_empty_search_space_means_the_one_built_from_the_form(build):
     built = build(search_space={}, families=["lightning"], scalers=["none"], max_epochs=3)
     space = built["tune"]["search_space"]
@@ -96,6 +105,10 @@ def test_params_empty_search_space_means_the_one_built_from_the_form(build):
     ({"serve_route": "wine"}, "serve_route"),
     ({"time_budget_s": 5}, "time_budget_s"),
     ({"search_space": {"family": "catboost"}}, "search_space"),
+    # a space's values, not only its shape: each would fail the search_space task
+    ({"search_space": {"family": "xgboost", "xgboost": {"eta": {"loguniform": [0, 0.3]}}}}, "search_space"),
+    ({"search_space": {"lightning": {"dropout": 1.5}}}, "search_space"),
+    ({"search_space": {"lightning": {"lr": {"uniform": ["a", 1]}}}}, "search_space"),
 ])
 def test_params_refuse_at_trigger_what_a_task_would_refuse(dag, conf, message):
     from airflow.sdk.definitions.param import ParamValidationError

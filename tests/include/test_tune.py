@@ -48,6 +48,22 @@ def test_space_to_ray_samples_configs_that_decode_to_one_familys_hyperparameters
     assert seen == {"lightning", "xgboost"}
 
 
+def test_space_to_ray_reads_a_range_high_first_and_one_with_equal_bounds_as_its_value():
+    from ray.tune.search.variant_generator import generate_variants
+
+    space = SearchSpace({"family": "xgboost", "xgboost": {
+        "max_depth": {"randint": [9.0, 3]}, "eta": {"loguniform": [0.3, 0.02]},
+        "subsample": {"uniform": [0.8, 0.8]}, "num_boost_round": {"randint": [50, 50]}}})
+    ray_space = space.to_ray()["xgboost"]
+    assert ray_space["subsample"] == 0.8 and ray_space["num_boost_round"] == 50  # fixed, not a domain
+    np.random.seed(5)
+    for _ in range(8):
+        _, sampled = next(generate_variants(space.to_ray()))
+        config = resolve_train_config(space.decode(sampled))
+        assert 3 <= config["max_depth"] < 9 and 0.02 <= config["eta"] <= 0.3
+        assert config["subsample"] == 0.8 and config["num_boost_round"] == 50
+
+
 @pytest.mark.parametrize(
     ("space", "message"),
     [
@@ -55,7 +71,8 @@ def test_space_to_ray_samples_configs_that_decode_to_one_familys_hyperparameters
         ({"scaler": {"choice": ["standard", "robust"]}}, "search_space\\['scaler'\\].*robust"),
         ({"lightning": {"hiden_sizes": [8]}}, "unknown hyperparameter.*hiden_sizes"),
         ({"lightning": {"lr": {"loguniform": [0, 1]}}}, "loguniform needs low > 0, got \\[0, 1\\]"),
-        ({"lightning": {"lr": {"uniform": [0.1, 0.01]}}}, "low < high, got \\[0.1, 0.01\\]"),
+        ({"lightning": {"lr": {"uniform": ["a", 1]}}}, "uniform needs \\[low, high\\] numbers, got \\['a', 1\\]"),
+        ({"lightning": {"max_epochs": {"uniform": [1, 9]}}}, "takes integers; uniform and loguniform sample"),
         ({"lightning": {"max_epochs": {"randint": [1.5, 4]}}}, "randint needs integer bounds"),
         ({"lightning": {"dropout": {"choice": []}}}, "choice needs a non-empty list"),
         ({"lightning": {"dropout": {"choice": [0.1], "grid": [0.2]}}}, "exactly one of"),

@@ -2,15 +2,18 @@
 
 :func:`resolve_train_config` is what TrainSpec, the tune stage's trials and the search space
 (:mod:`airflow_ray_ml_stages.search_space`) all check a config with, so they accept and reject the same configs.
+Each hyperparameter's check is stated once, in :data:`HYPERPARAMETER_CONSTRAINTS`; the search space's
+JSON Schema (what a run's trigger checks) is written from the same table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.errors import SpecError
-from airflow_ray_ml_stages.spec_base import require_choice, require_int_range
+from airflow_ray_ml_stages.spec_base import require_choice
 
 FAMILIES = ("lightning", "xgboost")
 
@@ -37,6 +40,94 @@ XGBOOST_DEFAULTS: dict[str, Any] = {
 }
 """XGBoost booster parameters used where the config does not name them."""
 
+@dataclass(frozen=True)
+class Constraint:
+    """What one hyperparameter takes: a number or integer (or a non-empty list of them) within bounds.
+
+    The one statement of each check: :func:`resolve_train_config` applies it, and the search
+    space's JSON Schema (what a run's trigger checks) is written from it.
+    """
+
+    kind: str  # "number" or "integer"
+    minimum: float | None = None
+    exclusive_minimum: float | None = None
+    maximum: float | None = None
+    exclusive_maximum: float | None = None
+    is_list: bool = False  # a non-empty list of such values
+
+    def _item_ok(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        # JSON has one number type, so 3.0 is the integer 3 (as JSON Schema reads it too)
+        if self.kind == "integer" and not (isinstance(value, int) or value.is_integer()):
+            return False
+        return not ((self.minimum is not None and value < self.minimum)
+                    or (self.exclusive_minimum is not None and value <= self.exclusive_minimum)
+                    or (self.maximum is not None and value > self.maximum)
+                    or (self.exclusive_maximum is not None and value >= self.exclusive_maximum))
+
+    def accepts(self, value: Any) -> bool:
+        if self.is_list:
+            return isinstance(value, list) and bool(value) and all(self._item_ok(item) for item in value)
+        return self._item_ok(value)
+
+    def normalize(self, value: Any) -> Any:
+        """An accepted value with integers as ``int`` (what the trainers expect)."""
+        if self.kind != "integer":
+            return value
+        return [int(item) for item in value] if self.is_list else int(value)
+
+    def describe(self) -> str:
+        """E.g. ``a number in (0, 1]``, ``an integer >= 1``, ``a non-empty list of integers >= 1``."""
+        noun = "integer" if self.kind == "integer" else "number"
+        low = self.minimum if self.minimum is not None else self.exclusive_minimum
+        high = self.maximum if self.maximum is not None else self.exclusive_maximum
+        if low is not None and high is not None:
+            bounds = (f"in {'[' if self.minimum is not None else '('}{low:g}, {high:g}"
+                      f"{']' if self.maximum is not None else ')'}")
+        elif low is not None:
+            bounds = f"{'>=' if self.minimum is not None else '>'} {low:g}"
+        elif high is not None:
+            bounds = f"{'<=' if self.maximum is not None else '<'} {high:g}"
+        else:
+            bounds = ""
+        if self.is_list:
+            return f"a non-empty list of {noun}s {bounds}".rstrip()
+        return f"{'an' if noun == 'integer' else 'a'} {noun} {bounds}".rstrip()
+
+    def json_schema(self) -> dict[str, Any]:
+        item: dict[str, Any] = {"type": self.kind}
+        for key, bound in (("minimum", self.minimum), ("exclusiveMinimum", self.exclusive_minimum),
+                           ("maximum", self.maximum), ("exclusiveMaximum", self.exclusive_maximum)):
+            if bound is not None:
+                item[key] = bound
+        return {"type": "array", "minItems": 1, "items": item} if self.is_list else item
+
+
+_FRACTION = Constraint("number", exclusive_minimum=0, maximum=1)
+HYPERPARAMETER_CONSTRAINTS: dict[str, dict[str, Constraint]] = {
+    "lightning": {
+        "hidden_sizes": Constraint("integer", minimum=1, is_list=True),
+        "dropout": Constraint("number", minimum=0, exclusive_maximum=1),
+        "lr": Constraint("number", minimum=0),
+        "weight_decay": Constraint("number", minimum=0),
+        "batch_size": Constraint("integer", minimum=1),
+        "max_epochs": Constraint("integer", minimum=1),
+        "patience": Constraint("integer", minimum=0),
+    },
+    "xgboost": {
+        "max_depth": Constraint("integer", minimum=0),
+        "num_boost_round": Constraint("integer", minimum=1),
+        "early_stopping_rounds": Constraint("integer", minimum=0),
+        "eta": _FRACTION,
+        "subsample": _FRACTION,
+        "colsample_bytree": _FRACTION,
+    },
+}
+"""Each family's checked hyperparameters; every Lightning one is listed, and XGBoost's others (its
+booster takes many) go to the booster unchecked."""
+
+
 # Keys a config may carry besides hyperparameters: RayTune's best config has its own bookkeeping,
 # and its ``scaler`` (which preprocessor variant the features use) is handled by the train stage.
 _CONFIG_IGNORED = ("family", "seed", "trial_id", "score", "scaler")
@@ -57,29 +148,9 @@ def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
             f"TrainSpec.config has unknown lightning hyperparameter(s) {unknown}; known: {sorted(defaults)}"
         )
     resolved = {**defaults, **{k: v for k, v in config.items() if k not in _CONFIG_IGNORED}, "family": family}
-    owner = "TrainSpec.config"
-    if family == "lightning":
-        sizes = resolved["hidden_sizes"]
-        if not isinstance(sizes, list) or not sizes or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes
-        ):
-            raise SpecError(f"{owner}['hidden_sizes'] must be a non-empty list of positive integers, got {sizes!r}")
-        for name in ("lr", "weight_decay", "dropout"):
-            value = resolved[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SpecError(f"{owner}[{name!r}] must be a number >= 0, got {value!r}")
-        if resolved["dropout"] >= 1:
-            raise SpecError(f"{owner}['dropout'] must be below 1, got {resolved['dropout']!r}")
-        for name in ("batch_size", "max_epochs"):
-            require_int_range(owner, repr(name), resolved[name], 1)
-        require_int_range(owner, "'patience'", resolved["patience"], 0)
-    else:
-        # Unknown keys go to the booster as they are (XGBoost has many); the ones we use are checked.
-        require_int_range(owner, "'max_depth'", resolved["max_depth"], 0)
-        require_int_range(owner, "'num_boost_round'", resolved["num_boost_round"], 1)
-        require_int_range(owner, "'early_stopping_rounds'", resolved["early_stopping_rounds"], 0)
-        for name in ("eta", "subsample", "colsample_bytree"):
-            value = resolved[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise SpecError(f"{owner}[{name!r}] must be a number in (0, 1], got {value!r}")
+    # Unknown XGBoost keys go to the booster as they are (XGBoost has many); the ones we use are checked.
+    for name, constraint in HYPERPARAMETER_CONSTRAINTS[family].items():
+        if not constraint.accepts(resolved[name]):
+            raise SpecError(f"TrainSpec.config[{name!r}] must be {constraint.describe()}, got {resolved[name]!r}")
+        resolved[name] = constraint.normalize(resolved[name])
     return resolved
