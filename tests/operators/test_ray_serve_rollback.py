@@ -133,9 +133,22 @@ def test_kept_champion_deploy_carries_its_reason_in_the_task_and_run_notes(serve
                                f"{decision['challenger']:.4f} vs champion {decision['champion']:.4f}")
 
 
+def _pause_all_but(dag_id: str) -> None:
+    """Pause every other DAG in the test DB: a scheduler must run only the rollback, not (say) the
+    wine DAG's weekly run, which a browser test may have unpaused through the trigger form."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(DagModel).filter(DagModel.dag_id != dag_id).update({DagModel.is_paused: True})
+        session.query(DagModel).filter(DagModel.dag_id == dag_id).update({DagModel.is_paused: False})
+
+
 @contextlib.contextmanager
 def _scheduler(log_dir, api_base: str, jwt_secret: str):
-    """Airflow's scheduler with the LocalExecutor on the test DB; its tasks talk to ``api_base``."""
+    """Airflow's scheduler with the LocalExecutor on the test DB, running only the rollback DAG;
+    its tasks talk to ``api_base``."""
+    _pause_all_but(ROLLBACK_DAG)
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include"), os.environ.get("PYTHONPATH", "")]),
            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "2",
