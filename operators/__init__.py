@@ -23,6 +23,7 @@ def get_provider_info() -> dict:
         "triggers": [{"integration-name": "Ray", "python-modules": ["airflow_ray_ml.triggers.ray"]}],
         "extra-links": [
             "airflow_ray_ml.links.ray.RayJobLink",
+            "airflow_ray_ml.links.ray.RayJobLogLink",
             "airflow_ray_ml.links.ray.RayServeEndpointLink",
             "airflow_ray_ml.links.ray.RayServeDashboardLink",
         ],

@@ -35,7 +35,7 @@ from airflow_ray_ml.errors import (
 )
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
-from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY, RayJobLink, job_page_url
+from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY, RayJobLink, RayJobLogLink, job_page_url
 from airflow_ray_ml.triggers.ray import RayJobTrigger
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class RayJobOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("stage", "spec", "artifact_root", "runtime_env")
     template_fields_renderers = {"spec": "json", "runtime_env": "json"}
-    operator_extra_links = (RayJobLink(),)
+    operator_extra_links = (RayJobLink(), RayJobLogLink())
     ui_color = "#e6f0ff"
 
     def __init__(

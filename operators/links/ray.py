@@ -17,6 +17,10 @@ SERVE_XCOM_KEY = "serve_endpoint"
 """XCom key under which the deploy operator records ``{"dashboard_url", "endpoint", "app"}``."""
 
 
+PAGE_URL_PREFIX = "/ray-ml"
+"""Where Airflow's api-server serves the "Ray ML" page (airflow_ray_ml.plugins.ray_ml)."""
+
+
 def job_page_url(dashboard_url: str, submission_id: str) -> str:
     return f"{dashboard_url.rstrip('/')}/#/jobs/{submission_id}"
 
@@ -59,3 +63,21 @@ class RayServeDashboardLink(BaseOperatorLink):
 
         record = XCom.get_value(ti_key=ti_key, key=SERVE_XCOM_KEY)
         return f"{record['dashboard_url']}/#/serve" if isinstance(record, dict) else ""
+
+
+class RayJobLogLink(BaseOperatorLink):
+    """Link from a task to its Ray job's status and log on the "Ray ML" page: Airflow reads them
+    through the ``ray`` connection, so, unlike the dashboard, it needs no Ray token."""
+
+    name = "Ray job log"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.configuration import conf
+        from airflow.sdk.execution_time.xcom import XCom
+
+        record = XCom.get_value(ti_key=ti_key, key=RAY_JOB_XCOM_KEY)
+        if not isinstance(record, dict) or not record.get("submission_id"):
+            return ""
+        # Root-relative unless Airflow is served under a base URL (a path prefix or another host)
+        base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+        return f"{base}{PAGE_URL_PREFIX}/jobs/{record['submission_id']}"

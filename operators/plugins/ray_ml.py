@@ -37,6 +37,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from airflow.plugins_manager import AirflowPlugin
 
+from airflow_ray_ml.links.ray import PAGE_URL_PREFIX
 from airflow_ray_ml.plugins import decision_notes
 from airflow_ray_ml.plugins.ray_ml_runs import (
     LEADERBOARD_KEY,
@@ -59,7 +60,7 @@ from airflow_ray_ml_stages.model_card import ModelCard
 
 log = logging.getLogger(__name__)
 
-URL_PREFIX = "/ray-ml"
+URL_PREFIX = PAGE_URL_PREFIX
 CONFIG_SECTION = "ray_ml"
 DEFAULT_CONN_ID = "ray_default"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -51,7 +51,8 @@ def test_plugin_registers_the_page_and_a_nav_view_and_no_duplicate_links():
     # The task links come from the provider entry point; the plugin must not add them again.
     assert plugin["operator_extra_links"] == [] and plugin["global_operator_extra_links"] == []
     provider_links = set(ProvidersManager().extra_links_class_names)
-    assert {"airflow_ray_ml.links.ray.RayJobLink", "airflow_ray_ml.links.ray.RayServeEndpointLink",
+    assert {"airflow_ray_ml.links.ray.RayJobLink", "airflow_ray_ml.links.ray.RayJobLogLink",
+            "airflow_ray_ml.links.ray.RayServeEndpointLink",
             "airflow_ray_ml.links.ray.RayServeDashboardLink"} <= provider_links
 
 
@@ -347,6 +348,21 @@ def test_job_detail_shows_a_real_jobs_status_and_log_tail_without_the_dashboard_
     assert tail in response.text and job["job_url"] in response.text
     assert requests.get(f"{page}jobs/airflow-ray-ml-page-serve-tune-0000000000000000", timeout=60).status_code == 404
     assert requests.get(f"{page}jobs/not%20an%20id", timeout=60).status_code == 400
+
+
+@pytest.mark.integration
+def test_task_link_ray_job_log_opens_the_jobs_page_view_as_airflow_computes_it(served_and_tuned, api_server):
+    """The "Ray job log" extra link of a stage task, as Airflow's REST API gives it to the UI,
+    leads to the page's job view (no Ray token), next to the dashboard's "Ray job" link."""
+    run, job = served_and_tuned["serve_run"], served_and_tuned["tuned"]["job"]
+    links = requests.get(f"{api_server}/api/v2/dags/{run.dag_id}/dagRuns/{run.run_id}/taskInstances/tune/links",
+                         timeout=60)
+    assert links.status_code == 200, links.text
+    extra = links.json()["extra_links"]
+    assert extra["Ray job"] == job["job_url"]
+    assert extra["Ray job log"] == f"{ray_ml.URL_PREFIX}/jobs/{job['submission_id']}"  # root-relative: no base_url
+    view = requests.get(f"{api_server}{extra['Ray job log']}", timeout=60)
+    assert view.status_code == 200 and 'id="job-state">SUCCEEDED<' in view.text
 
 
 @pytest.mark.integration
