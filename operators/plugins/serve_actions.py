@@ -116,6 +116,6 @@ def request_serve_action(user: Any, app_name: str, version: str | None, conn_id:
     who = user.get_name()
     what = f"pin {target}" if version else f"roll back from {live} to {target}"
     run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=who,
-                      conf={"app_name": app_name, "version": version, "reason": f"{what}, asked by {who} on the Ray ML page"},
+                      conf={"app_name": app_name, "version": version, "reason": f"asked by {who} on the Ray ML page"},
                       note=f"{app_name}: {what} (asked by {who} on the Ray ML page)")
     return {"dag_id": dag_id, "run_id": run.run_id, "version": target, "from_version": live}
