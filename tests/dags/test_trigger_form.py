@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 
 import pytest
 import requests
 
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, load_dag, serialize_project_dags
 from tests.dags.wine_conf import DAG_ID, build_tasks
 from tests.plugins.api_server import running_api_server
 
@@ -45,8 +43,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def api_server(airflow_db, tmp_path_factory):
     """The api-server, on a metadata DB that holds the wine DAG as the DAG processor would store it."""
-    subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
-                   check=True, env=os.environ.copy(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    serialize_project_dags()
     with running_api_server(tmp_path_factory.mktemp("api"),
                             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True") as base:
         _delete_runs(base)
