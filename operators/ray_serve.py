@@ -73,6 +73,12 @@ def history_uri(app_serving_dir: str) -> str:
     return artifacts.join(app_serving_dir, "history.json")
 
 
+def read_history(app_serving_dir: str) -> list[dict[str, Any]]:
+    """The application's serving history (``[]`` before its first decision)."""
+    uri = history_uri(app_serving_dir)
+    return artifacts.read_json(uri) if artifacts.exists(uri) else []
+
+
 def config_uri(app_serving_dir: str, version: str) -> str:
     """The whole Serve config that a promotion of ``version`` applied (what a rollback restores)."""
     return artifacts.join(app_serving_dir, "configs", f"{version}.json")
@@ -124,13 +130,23 @@ def instance_settings(live: dict[str, Any] | None, start_defaults: dict[str, Any
     return settings, not_applied
 
 
+def _user_config_value(app_config: dict[str, Any] | None, key: str) -> str | None:
+    """``key`` of the first deployment's ``user_config`` that has it, in an application's config."""
+    for deployment in (app_config or {}).get("deployments") or []:
+        value = (deployment.get("user_config") or {}).get(key)
+        if value:
+            return str(value)
+    return None
+
+
 def app_owner(app_config: dict[str, Any] | None) -> str | None:
     """The DAG recorded as the application's owner, if any."""
-    for deployment in (app_config or {}).get("deployments") or []:
-        owner = (deployment.get("user_config") or {}).get(OWNER_KEY)
-        if owner:
-            return str(owner)
-    return None
+    return _user_config_value(app_config, OWNER_KEY)
+
+
+def app_model_version(app_config: dict[str, Any] | None) -> str | None:
+    """The model version an application's config serves, if any."""
+    return _user_config_value(app_config, "model_version")
 
 
 def check_ownership(app_name: str, live_app: dict[str, Any] | None, dag_id: str, allow_takeover: bool) -> str | None:
@@ -278,12 +294,11 @@ class ServeApplicationOperator(BaseOperator):
     def _record(self, context: Context, entry: dict[str, Any]) -> None:
         """Append ``entry`` (with who decided and when) to the application's serving history, and
         push it as the task's ``decision`` XCom, which becomes the task's and the run's note."""
-        uri = history_uri(self.serving_dir)
-        history = artifacts.read_json(uri) if artifacts.exists(uri) else []
+        history = read_history(self.serving_dir)
         ti = context["ti"]
         history.append({"at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         "dag_id": ti.dag_id, "run_id": context["run_id"], "task_id": self.task_id, **entry})
-        artifacts.write_json_atomic(uri, history)
+        artifacts.write_json_atomic(history_uri(self.serving_dir), history)
         ti.xcom_push(key=DECISION_XCOM_KEY, value=entry)
 
 

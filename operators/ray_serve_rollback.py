@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from airflow_ray_ml.contract import coerce_value
 from airflow_ray_ml.errors import InvalidSpecError, ServeDeployError, ServeModelRejectedError
 from airflow_ray_ml.ray_serve import (
-    ServeApplicationOperator, config_uri, history_uri, live_applications, live_instance_settings,
+    ServeApplicationOperator, app_model_version, config_uri, live_applications, live_instance_settings, read_history,
 )
 from airflow_ray_ml_stages import artifacts
 
@@ -96,15 +96,11 @@ class RayServeRollbackOperator(ServeApplicationOperator):
         self.version = version
         self.reason = reason
 
-    def _history(self) -> list[dict[str, Any]]:
-        uri = history_uri(self.serving_dir)
-        return artifacts.read_json(uri) if artifacts.exists(uri) else []
-
     def _stored_app(self, version: str) -> dict[str, Any]:
         """This application's entry in the config that the promotion of ``version`` applied."""
         uri = config_uri(self.serving_dir, version)
         if not artifacts.exists(uri):
-            known = promoted_versions(self._history())
+            known = promoted_versions(read_history(self.serving_dir))
             raise RollbackError(f"no config of version {version!r} was recorded for application {self.app_name!r} "
                                 f"(at {uri}); versions promoted to it: {known[::-1] or 'none'}")
         config = artifacts.read_json(uri)
@@ -120,11 +116,9 @@ class RayServeRollbackOperator(ServeApplicationOperator):
         state = self._serve_state()
         live_app = self._live_app(state)
         live_config = (live_app or {}).get("deployed_app_config")
-        live_version = next((d.get("user_config", {}).get("model_version")
-                             for d in (live_config or {}).get("deployments") or []
-                             if isinstance(d.get("user_config"), dict)), None)
+        live_version = app_model_version(live_config)
         action = "pinned" if version else "rollback"
-        target = version or previous_version(self._history(), live_version)
+        target = version or previous_version(read_history(self.serving_dir), live_version)
         stored = self._stored_app(target)
         self.route_prefix = stored.get("route_prefix") or ""
         why = self.reason or (f"pinned {target}" if version else f"rolled back from {live_version} to {target}")

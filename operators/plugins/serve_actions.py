@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_ray_ml.ray_serve import APP_NAME, app_owner, config_uri, history_uri, serving_dir
+from airflow_ray_ml.ray_serve import APP_NAME, app_model_version, app_owner, config_uri, read_history, serving_dir
 from airflow_ray_ml.ray_serve_rollback import RollbackError, check_version, previous_version, promoted_versions
 from airflow_ray_ml_stages import artifacts
 
@@ -52,21 +52,13 @@ def _not_allowed(dag_id: str, app_name: str) -> str:
             "admin for that DAG's run permission")
 
 
-def _live_version(live_app: dict[str, Any] | None) -> str | None:
-    for deployment in ((live_app or {}).get("deployed_app_config") or {}).get("deployments") or []:
-        version = (deployment.get("user_config") or {}).get("model_version")
-        if version:
-            return str(version)
-    return None
-
-
 def check_servable(hook: Any, app_name: str, version: str | None) -> tuple[str, str | None, str | None]:
     """(the version the run would serve, the live version, the owning DAG), or a ServeActionError."""
     live_app = (hook.get_serve_applications().get("applications") or {}).get(app_name)
-    live, owner = _live_version(live_app), app_owner((live_app or {}).get("deployed_app_config"))
+    live_config = (live_app or {}).get("deployed_app_config")
+    live, owner = app_model_version(live_config), app_owner(live_config)
     app_dir = serving_dir(hook.artifact_root, app_name)
-    history_path = history_uri(app_dir)
-    history = artifacts.read_json(history_path) if artifacts.exists(history_path) else []
+    history = read_history(app_dir)
     try:
         if version is None:
             return previous_version(history, live), live, owner
