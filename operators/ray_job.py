@@ -111,6 +111,9 @@ class RayJobOperator(BaseOperator):
         self.poll_interval_s = poll_interval_s
         self.job_timeout_s = job_timeout_s
         self._submission_id: str | None = None
+        # what this task run's job ran with and returned: the datasets it reports to OpenLineage
+        self._spec: dict[str, Any] | None = None
+        self._manifest: dict[str, Any] | None = None
 
     @cached_property
     def hook(self) -> RayHook:
@@ -169,6 +172,7 @@ class RayJobOperator(BaseOperator):
             spec_type.from_dict(spec)
         except RayMLError as err:
             raise InvalidSpecError(f"task {self.task_id!r}: invalid {self.stage} spec: {err}") from None
+        self._spec = spec
         return spec
 
     # -- the job's life ------------------------------------------------------------------------
@@ -327,7 +331,17 @@ class RayJobOperator(BaseOperator):
             )
         if manifest.get("status") != STATUS_SUCCEEDED:
             raise RayJobFailedError(f"stage {self.stage} reported failure: {manifest.get('error')}")
+        self._manifest = manifest
         return manifest
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The datasets the job read and wrote, for Airflow's OpenLineage integration (airflow_ray_ml.lineage)."""
+        from airflow_ray_ml.lineage import stage_lineage
+
+        spec = self._spec
+        if spec is None and self._manifest is not None:  # resumed after deferral, in a new operator: build it again
+            spec = self.full_spec(task_instance.get_template_context())
+        return stage_lineage(self.stage, spec, self._manifest)
 
     def on_kill(self) -> None:
         if self._submission_id:

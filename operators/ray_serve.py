@@ -606,3 +606,11 @@ class RayServeDeployOperator(ServeApplicationOperator):
         if version:
             self._wait_for_version(version, time.monotonic() + self.ready_timeout_s)
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Lineage (airflow_ray_ml.lineage): the model directory in; the endpoint out when this run
+        promoted it (a kept champion ends skipped and a failed deploy is rolled back)."""
+        from airflow_ray_ml.lineage import operator_lineage
+
+        model = self.model if isinstance(self.model, dict) else {}
+        promoted = task_instance.state == "success"
+        return operator_lineage(inputs=[model.get("model_dir")], outputs=[self.endpoint] if promoted else [])
