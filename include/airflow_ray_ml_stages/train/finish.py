@@ -30,18 +30,23 @@ log = logging.getLogger("airflow_ray_ml_stages.train")
 def _framework_versions(family: str) -> dict[str, str]:
     from importlib.metadata import version
 
-    # The installed Ray's version without importing it (an in-process run never needs Ray).
+    # The installed versions without importing the packages: after a Ray Train run the driver has
+    # imported neither torch nor Lightning, and importing them just for this took seconds.
     versions = {"python": platform.python_version(), "ray": version("ray"), "numpy": np.__version__}
     if family == "lightning":
-        import pytorch_lightning
-        import torch
-
-        versions.update(torch=torch.__version__, pytorch_lightning=pytorch_lightning.__version__)
+        versions.update(torch=_installed("torch"), pytorch_lightning=_installed("pytorch_lightning", "pytorch-lightning"))
     else:
-        import xgboost
-
-        versions["xgboost"] = xgboost.__version__
+        versions["xgboost"] = _installed("xgboost")
     return versions
+
+
+def _installed(module: str, distribution: str | None = None) -> str:
+    """A package's version: the imported module's where it is loaded, else its installed distribution's."""
+    import sys
+    from importlib.metadata import version
+
+    loaded = sys.modules.get(module)
+    return getattr(loaded, "__version__", None) or version(distribution or module)
 
 
 def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, train_rows: int, started: float,

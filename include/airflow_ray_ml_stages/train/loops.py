@@ -21,7 +21,7 @@ from airflow_ray_ml_stages.models import TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MO
 from airflow_ray_ml_stages.train.contexts import RayTrainContext, loop_context
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import announce_worker, write_evaluation, write_final
-from airflow_ray_ml_stages.train.splits import split_arrays
+from airflow_ray_ml_stages.train.splits import split_arrays, start_reading_train_split, tensor_batches
 
 
 def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarray) -> None:
@@ -33,6 +33,31 @@ def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarra
     tune.report({**metrics, **step, "reported_at": time.time()})
 
 
+def _no_sigterm_broadcast_callback():
+    import pytorch_lightning as pl
+
+    class NoSigtermBroadcast(pl.Callback):
+        """Drop Lightning's per-step SIGTERM broadcast between the ranks in a Ray Train run.
+
+        With several ranks Lightning broadcasts a SIGTERM flag from rank 0 before every step, a
+        second collective beside DDP's gradient all-reduce: one more point per step where each rank
+        waits for the slowest. Ray Train handles a stopped worker itself (the controller restarts
+        the group from the last checkpoint), so the flag has no use here.
+        """
+
+        def on_train_start(self, trainer, pl_module):
+            epoch_loop = trainer.fit_loop.epoch_loop
+            if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+                epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+    return NoSigtermBroadcast()
+
+
+def _rounded(timings: dict[str, float]) -> dict[str, float]:
+    """Rank 0's phase times (read the splits, fit, evaluate and write), as the manifest's ``training.loop_timings``."""
+    return {name: round(seconds, 3) for name, seconds in timings.items()}
+
+
 # -- Lightning ---------------------------------------------------------------------------------
 
 
@@ -42,29 +67,34 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     Runs in Ray Train workers (``TorchTrainer`` with ``RayDDPStrategy``; ``context`` None) or, for a
     small CPU run, in the job's own process with an :class:`InProcessTrainContext`.
     """
-    import pytorch_lightning as pl
-    import torch
-    from pytorch_lightning.callbacks import EarlyStopping
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from airflow_ray_ml_stages.models.mlp import lightning_module, model_config
-
     cfg = TrainLoopConfig.of(cfg)  # Ray Train hands the workers its dict
     context = loop_context(cfg, context)
     in_ray_train = isinstance(context, RayTrainContext)
     rank, world_size = context.get_world_rank(), context.get_world_size()
     announce_worker(cfg, rank)
+    timings, phase_started = {}, time.monotonic()
+    train_arrays = start_reading_train_split(cfg, rank, world_size)  # while torch and Lightning import
+
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from airflow_ray_ml_stages.models.mlp import lightning_module, model_config
+
     config, features, label, seed = cfg.config, cfg.feature_columns, cfg.label_column, cfg.seed
     pl.seed_everything(seed, workers=True, verbose=False)
     torch.set_num_threads(cfg.threads)
 
-    train_x, train_y = split_arrays(cfg, "train", rank, world_size)
     val_x, val_y = split_arrays(cfg, "validation")
-    train_loader = DataLoader(
-        TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
-        batch_size=config["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed + rank),
-    )
-    val_loader = DataLoader(TensorDataset(torch.from_numpy(val_x), torch.from_numpy(val_y)), batch_size=4096)
+    train_x, train_y = train_arrays()
+    timings["read_s"] = time.monotonic() - phase_started  # imports included: the read overlaps them
+    # Each rank already holds its own part of the training rows (its Ray Data shard, or its slice of
+    # a direct read), so Lightning must not put a DistributedSampler in front of them, which would
+    # train every rank on 1/world_size of its part. The sampler is the DataLoader's own shuffle,
+    # seeded per rank: one worker sees the batches the job's process sees.
+    train_loader = tensor_batches(train_x, train_y, config["batch_size"], shuffle=True,
+                                  generator=torch.Generator().manual_seed(seed + rank))
+    val_loader = tensor_batches(val_x, val_y, 4096)
     module = lightning_module(config, len(features), cfg.label_mean)
 
     every = cfg.checkpoint_interval()
@@ -96,6 +126,8 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
 
     if context.tune:
         callbacks.append(TuneReportEveryCallback())
+    if not cfg.local_mode:
+        callbacks.append(_no_sigterm_broadcast_callback())
     if config["patience"]:
         callbacks.append(EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
     local_mode = cfg.local_mode
@@ -105,8 +137,10 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
         max_epochs=config["max_epochs"],
         accelerator="gpu" if cfg.use_gpu else "cpu",
         devices="auto" if not local_mode else 1,
-        strategy="auto" if local_mode else RayDDPStrategy(),
+        # The MLP's one buffer (the label offset) never changes: no broadcast of it before every step.
+        strategy="auto" if local_mode else RayDDPStrategy(broadcast_buffers=False),
         plugins=None if local_mode else [RayLightningEnvironment()],
+        use_distributed_sampler=False,
         callbacks=callbacks,
         deterministic=True,
         logger=False,
@@ -119,6 +153,7 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
         trainer = prepare_trainer(trainer)
 
     resumed_from_epoch = None
+    phase_started = time.monotonic()
     checkpoint = context.get_checkpoint()
     if checkpoint:
         from ray.train.lightning import RayTrainReportCallback
@@ -132,10 +167,13 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     else:
         trainer.fit(module, train_loader, val_loader)
 
+    timings["fit_s"] = time.monotonic() - phase_started
     final = {"epochs_run": int(trainer.current_epoch), "resumed_from_epoch": resumed_from_epoch,
              "device": str(trainer.strategy.root_device),
-             "best_val_loss": float(trainer.callback_metrics.get("val_loss", float("nan")))}
+             "best_val_loss": float(trainer.callback_metrics.get("val_loss", float("nan"))),
+             "train_rows_per_worker": int(len(train_x)), "world_size": world_size}
     if rank == 0:
+        phase_started = time.monotonic()
         net = module.model.to("cpu").eval()
         evaluated = {"validation": (val_x, val_y)}
         if "test" in context.evaluation_splits():
@@ -150,7 +188,8 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
             artifacts.join(cfg.model_dir, TORCH_CONFIG),
             model_config(len(features), config["hidden_sizes"], config["dropout"], cfg.label_mean),
         )
-        write_final(cfg, final)
+        timings["evaluate_s"] = time.monotonic() - phase_started
+        write_final(cfg, {**final, "loop_timings": _rounded(timings)})
 
 
 # -- XGBoost -----------------------------------------------------------------------------------
@@ -163,16 +202,20 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
     (``cfg.session == "tune"``) or, for a small CPU run, in the job's own process with an
     :class:`InProcessTrainContext`.
     """
-    import xgboost
-
     cfg = TrainLoopConfig.of(cfg)  # Ray Train hands the workers its dict
     context = loop_context(cfg, context)
     rank, world_size = context.get_world_rank(), context.get_world_size()
     announce_worker(cfg, rank)
     config, features, label = cfg.config, cfg.feature_columns, cfg.label_column
 
-    train_x, train_y = split_arrays(cfg, "train", rank, world_size)
+    timings, phase_started = {}, time.monotonic()
+    train_arrays = start_reading_train_split(cfg, rank, world_size)  # while xgboost imports
+
+    import xgboost
+
     val_x, val_y = split_arrays(cfg, "validation")
+    train_x, train_y = train_arrays()
+    timings["read_s"] = time.monotonic() - phase_started
     dtrain = xgboost.DMatrix(train_x, label=train_y, feature_names=features)
     dvalidation = xgboost.DMatrix(val_x, label=val_y, feature_names=features)
     booster_keys = {"num_boost_round", "early_stopping_rounds", "family"}
@@ -209,6 +252,7 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
         print(f"airflow_ray_ml_stages.train: worker rank {rank} (pid {os.getpid()}) resumes from the checkpoint "
               f"after round {resumed_from_round}", flush=True)
     remaining = config["num_boost_round"] - (resumed_from_round or 0)
+    phase_started = time.monotonic()
     booster = xgboost.train(
         params, dtrain, num_boost_round=max(0, remaining), evals=[(dvalidation, "validation")],
         early_stopping_rounds=config["early_stopping_rounds"] or None, xgb_model=start_booster,
@@ -218,8 +262,11 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
     best = getattr(booster, "best_iteration", None)
     if config["early_stopping_rounds"] and best is not None and best + 1 < rounds_run:
         booster = booster[: best + 1]  # keep the best rounds, as early stopping intends
+    timings["fit_s"] = time.monotonic() - phase_started
+    phase_started = time.monotonic()
     final = {"rounds_run": rounds_run, "rounds_kept": booster.num_boosted_rounds(),
-             "resumed_from_round": resumed_from_round, "device": params["device"]}
+             "resumed_from_round": resumed_from_round, "device": params["device"],
+             "train_rows_per_worker": int(len(train_x)), "world_size": world_size}
     # Every rank builds the evaluation DMatrix: with several workers, DMatrix construction is a
     # collective operation, and rank 0 alone would wait for the others.
     evaluated = {"validation": (val_x, val_y)}
@@ -231,4 +278,5 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
         for split, (y, predicted) in predictions.items():
             write_evaluation(cfg, split, y, predicted)
         artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, XGBOOST_MODEL), bytes(booster.save_raw("ubj")))
-        write_final(cfg, final)
+        timings["evaluate_s"] = time.monotonic() - phase_started
+        write_final(cfg, {**final, "loop_timings": _rounded(timings)})
