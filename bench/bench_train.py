@@ -14,6 +14,14 @@ since other processes on a shared machine slow the 2-CPU cluster far more than a
 Usage::
 
     python bench/bench_train.py [--repeats 1] [--epochs 15] [--rounds 100] [--skip-large] [--skip-small]
+                                [--large-families lightning xgboost]
+
+At 100x the wine data (``--skip-small`` runs only that part) the table compares, side by side and
+interleaved: the plain script (with Lightning also with the stage's whole-batch loader, so the Ray
+overhead shows apart from the loader's gain), the stage as auto runs it on one 2-CPU node (in the
+job's process), and the stage on one and on two Ray Train workers of 0.5 CPU fed by Ray Data. The
+per-worker rows/s are each worker's training rows times the epochs (rounds) over the training
+call's own time (``trainer.fit`` / ``xgboost.train``, the manifest's ``training.loop_timings.fit_s``).
 """
 
 from __future__ import annotations
@@ -41,16 +49,21 @@ from tests.train_data import write_splits  # noqa: E402
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
-def plain(family: str, fields: dict, iterations: int, batch_size: int | None = None) -> tuple[float, float]:
+def plain(family: str, fields: dict, iterations: int, batch_size: int | None = None,
+          whole_batches: bool = False, details: dict | None = None) -> tuple[float, float]:
+    """The plain script's seconds (spawn to exit) and test RMSE; ``details`` gets its JSON line."""
     splits = {name: fields[f"{name}_uri"] for name in ("train", "validation", "test")}
     started = time.monotonic()
     output = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "plain_train.py"), "--family", family, "--splits", json.dumps(splits),
          "--features", json.dumps(fields["feature_columns"]), "--iterations", str(iterations),
-         *(["--batch-size", str(batch_size)] if batch_size else [])],
+         *(["--batch-size", str(batch_size)] if batch_size else []), *(["--whole-batches"] if whole_batches else [])],
         capture_output=True, text=True, check=True,
     ).stdout
-    return time.monotonic() - started, json.loads(output.strip().splitlines()[-1])["test_rmse"]
+    result = json.loads(output.strip().splitlines()[-1])
+    if details is not None:
+        details.update(result)
+    return time.monotonic() - started, result["test_rmse"]
 
 
 def stage(client, work: Path, fields: dict, config: dict, **spec_fields) -> tuple[float, float, float, dict]:
@@ -114,6 +127,82 @@ def fixed_costs(client) -> dict[str, float]:
     return {"to_running": statistics.median(to_running), **imports}
 
 
+# 100x the wine data: the Ray Train + Ray Data path against the plain script, side by side.
+LARGE_CPU = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 2, "cpus_per_worker": 0.5,
+             "accelerator": "cpu", "reason": "bench: workers x 0.5 CPU, the rest left for Ray Data"}
+# What the probe plans on one 2-CPU node: one CPU worker (so auto trains in the job's process).
+ONE_NODE = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 1, "cpus_per_worker": 1.0,
+            "accelerator": "cpu", "reason": "bench: the probe's plan on one 2-CPU node"}
+
+
+def large_bench(client, work: Path, args, load: list[float]) -> dict[str, dict[str, list[dict]]]:
+    """Every contender at 100x the wine data, ``--repeats`` times, interleaved: {family: {row: [run, ...]}}."""
+    large = write_splits(work / "wine100", rows=649_700)
+    configs = {
+        "lightning": {"family": "lightning", "max_epochs": args.large_epochs, "patience": 0, "batch_size": 1024},
+        "xgboost": {"family": "xgboost", "num_boost_round": args.large_rounds, "early_stopping_rounds": 0},
+    }
+    families = [family for family in configs if family in args.large_families]
+    runs: dict[str, dict[str, list[dict]]] = {family: {} for family in families}
+    for _ in range(args.repeats):
+        for family in families:
+            config = configs[family]
+            iterations = config.get("max_epochs") or config["num_boost_round"]
+            contenders = [("plain script", "plain", {})]
+            if family == "lightning":
+                contenders.append(("plain script, the stage's whole-batch loader", "plain", {"whole_batches": True}))
+            contenders += [
+                ("stage, auto (in the job's process)", "stage", {"compute": ONE_NODE}),
+                ("stage, 1 Ray Train worker x 0.5 CPU, Ray Data", "stage",
+                 {"compute": LARGE_CPU, "num_workers": 1, "data_loading": "ray_data"}),
+                ("stage, 2 Ray Train workers x 0.5 CPU, Ray Data", "stage",
+                 {"compute": LARGE_CPU, "num_workers": 2, "data_loading": "ray_data"}),
+            ]
+            for label, kind, extra in contenders:
+                if kind == "plain":
+                    details: dict = {}
+                    seconds, rmse = plain(family, large, iterations, config.get("batch_size"), details=details, **extra)
+                    run = {"seconds": seconds, "rmse": rmse, "fit_s": details.get("fit_s"),
+                           "rows_per_worker": details.get("train_rows"), "workers": 1}
+                else:
+                    seconds, _, rmse, result = stage(client, work, large, config, **extra)
+                    training = result["training"]
+                    run = {"seconds": seconds, "rmse": rmse, "fit_s": training["loop_timings"]["fit_s"],
+                           "read_s": training["loop_timings"]["read_s"], "runner": training["runner"],
+                           "rows_per_worker": training["train_rows_per_worker"], "workers": training["world_size"]}
+                run["iterations"] = iterations
+                runs[family].setdefault(label, []).append(run)
+                print("large:", family, label, run, flush=True)
+                load.append(os.getloadavg()[0])
+    return runs
+
+
+def print_large(runs: dict[str, dict[str, list[dict]]], args) -> None:
+    """The x100 tables: seconds to the manifest (medians), vs the plain script, and per-worker rows/s."""
+    for family, found in runs.items():
+        unit = f"{args.large_epochs} epochs" if family == "lightning" else f"{args.large_rounds} rounds"
+        print(f"\n{family}, 100x the wine data (454,790 training rows), {unit}, medians of {args.repeats}:\n")
+        print("| contender | seconds | ÷ plain | training s | per-worker rows/s | ÷ 1 worker's | test rmse |")
+        print("|---|---|---|---|---|---|---|")
+        plain_s = statistics.median(run["seconds"] for run in found["plain script"])
+        one_worker = None
+        for label, label_runs in found.items():
+            seconds = statistics.median(run["seconds"] for run in label_runs)
+            fit_s = statistics.median(run["fit_s"] for run in label_runs)
+            # Rows each worker trained on per second of training (trainer.fit / xgboost.train): the epochs
+            # or rounds times its rows, over the training call's time.
+            rate = statistics.median(run["rows_per_worker"] * run["iterations"] / run["fit_s"] for run in label_runs)
+            if "1 Ray Train worker" in label:
+                one_worker = rate
+            versus = f"{rate / one_worker:.2f}x" if one_worker and "Ray Train worker" in label else "-"
+            print(f"| {label} | {seconds:.1f} | {seconds / plain_s:.2f} | {fit_s:.1f} | {rate:,.0f} | {versus} | "
+                  f"{statistics.median(run['rmse'] for run in label_runs):.4f} |")
+        reads = [run["read_s"] for label, label_runs in found.items() if "Ray Data" in label for run in label_runs]
+        if reads:
+            print(f"\nRay Train workers' read of the splits (Ray Data shard, imports overlapped): median "
+                  f"{statistics.median(reads):.1f} s")
+
+
 def main() -> None:
     interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser()
@@ -124,6 +213,8 @@ def main() -> None:
     parser.add_argument("--large-rounds", type=int, default=30)
     parser.add_argument("--skip-large", action="store_true")
     parser.add_argument("--skip-small", action="store_true")
+    parser.add_argument("--large-families", nargs="+", default=["lightning", "xgboost"],
+                        choices=["lightning", "xgboost"], help="x100: which families to run")
     parser.add_argument("--auto-only", action="store_true", help="wine scale: only the stage as the operator runs it")
     args = parser.parse_args()
 
@@ -134,6 +225,7 @@ def main() -> None:
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bt", dir="/tmp"), num_cpus=2, num_gpus=0, token=new_token())
     cluster.start()
     rows: list[tuple[str, float, float, float | None, str]] = _Rows()
+    large_runs: dict[str, dict[str, list[dict]]] = {}
     load = [os.getloadavg()[0]]
     fixed = None
     try:
@@ -173,46 +265,25 @@ def main() -> None:
                              f"rmse {found[0][2]:.4f}; best {best:.1f} s ({best / base[1]:.2f}x best plain){runner}"))
 
         if not args.skip_large:
-            large = write_splits(work / "wine100", rows=649_700)
-            compute = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 2, "cpus_per_worker": 0.5,
-                       "accelerator": "cpu", "reason": "bench: 2 workers x 0.5 CPU, 1 CPU left for Ray Data"}
-            large_families = {
-                "lightning": {"family": "lightning", "max_epochs": args.large_epochs, "patience": 0, "batch_size": 1024},
-                "xgboost": {"family": "xgboost", "num_boost_round": args.large_rounds, "early_stopping_rounds": 0},
-            }
-            # What the probe plans on one 2-CPU node: one CPU worker (so auto trains in the job's process).
-            one_node = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 1, "cpus_per_worker": 1.0,
-                        "accelerator": "cpu", "reason": "bench: the probe's plan on one 2-CPU node"}
-            for family, config in large_families.items():
-                iterations = config.get("max_epochs") or config["num_boost_round"]
-                plain_s, plain_rmse = plain(family, large, iterations, config.get("batch_size"))
-                one_s = None
-                for workers in (1, 2):
-                    manifest_s, end_s, rmse, _ = stage(client, work, large, config, compute=compute,
-                                                       num_workers=workers, data_loading="ray_data")
-                    one_s = one_s or manifest_s
-                    rows.append((f"{family} x100 stage {workers} worker(s) x 0.5 CPU, Ray Data", manifest_s, end_s,
-                                 manifest_s / one_s, f"rmse {rmse:.4f}"))
-                manifest_s, end_s, rmse, result = stage(client, work, large, config, compute=one_node)
-                rows.append((f"{family} x100 stage auto (probe plan: 1 CPU worker)", manifest_s, end_s,
-                             manifest_s / one_s, f"rmse {rmse:.4f}; runner {result['training'].get('runner')}; "
-                             f"{manifest_s / plain_s:.2f}x plain"))
-                rows.append((f"{family} x100 plain script", plain_s, plain_s, plain_s / one_s, f"rmse {plain_rmse:.4f}"))
+            large_runs = large_bench(client, work, args, load)
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    print()
-    print(f"{'run':58} {'to manifest s':>13} {'to job end s':>12} {'ratio':>7}  note")
-    for name, manifest_s, end_s, ratio, note in rows:
-        ratio_text = "-" if ratio is None else f"{ratio:.2f}x"
-        print(f"{name:58} {manifest_s:13.1f} {end_s:12.1f} {ratio_text:>7}  {note}")
-    print("\nratio: wine scale vs the plain script of the same family; x100: vs the 1-worker Ray Data stage. Wine scale: "
-          f"median of {args.repeats} run(s), interleaved.")
+    if rows:
+        print()
+        print(f"{'run':58} {'to manifest s':>13} {'to job end s':>12} {'ratio':>7}  note")
+        for name, manifest_s, end_s, ratio, note in rows:
+            ratio_text = "-" if ratio is None else f"{ratio:.2f}x"
+            print(f"{name:58} {manifest_s:13.1f} {end_s:12.1f} {ratio_text:>7}  {note}")
+        print("\nratio: vs the plain script of the same family. Wine scale: "
+              f"median of {args.repeats} run(s), interleaved.")
     if fixed:
         print(f"job fixed cost (medians of 3): submit -> RUNNING {fixed['to_running']:.2f} s (python -c pass); driver "
               f"imports: airflow_ray_ml_stages.train + xgboost + pyarrow.parquet {fixed['train_xgboost']:.2f} s, ray.train.xgboost "
               f"{fixed['ray_train']:.2f} s (not imported by the in-process XGBoost run)")
+    if large_runs:
+        print_large(large_runs, args)
     load.append(os.getloadavg()[0])
     print(f"load average (1 min) during the run: {min(load):.1f}-{max(load):.1f}")
     print(f"machine: {os.cpu_count()} CPUs, shared; cluster: 2 CPUs; data: wine 6,497 rows and 649,700 rows.")

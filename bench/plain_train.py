@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 STARTED = time.monotonic()
+FIT_S = {}  # the training call alone (trainer.fit / xgboost.train), as the stage's loop_timings.fit_s
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "include")]
 
 import numpy as np  # noqa: E402
@@ -25,7 +26,7 @@ def _arrays(path: str, features: list[str], label: str):
 
 
 def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, seed: int,
-                    batch_size: int | None = None) -> np.ndarray:
+                    batch_size: int | None = None, whole_batches: bool = False) -> np.ndarray:
     import pytorch_lightning as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -41,10 +42,19 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          deterministic=True)
-    trainer.fit(module,
-                DataLoader(TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
-                           batch_size=config["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed)),
-                DataLoader(TensorDataset(torch.from_numpy(val_x), torch.from_numpy(val_y)), batch_size=4096))
+    if whole_batches:  # the stage's loader: the same batches, one tensor index per batch
+        from airflow_ray_ml_stages.train.splits import tensor_batches
+
+        loaders = (tensor_batches(train_x, train_y, config["batch_size"], shuffle=True,
+                                  generator=torch.Generator().manual_seed(seed)),
+                   tensor_batches(val_x, val_y, 4096))
+    else:
+        loaders = (DataLoader(TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
+                              batch_size=config["batch_size"], shuffle=True, generator=torch.Generator().manual_seed(seed)),
+                   DataLoader(TensorDataset(torch.from_numpy(val_x), torch.from_numpy(val_y)), batch_size=4096))
+    fit_started = time.monotonic()
+    trainer.fit(module, *loaders)
+    FIT_S["fit_s"] = time.monotonic() - fit_started
     with torch.inference_mode():
         return module.model.eval()(torch.from_numpy(test_x)).numpy()
 
@@ -58,9 +68,11 @@ def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, se
     params = {key: value for key, value in XGBOOST_DEFAULTS.items() if key not in ("num_boost_round", "early_stopping_rounds")}
     params.update(objective="reg:squarederror", eval_metric="rmse", tree_method="hist", seed=seed, nthread=1,
                   base_score=float(train_y.mean()))
+    fit_started = time.monotonic()
     booster = xgboost.train(params, xgboost.DMatrix(train_x, label=train_y, feature_names=features), rounds,
                             evals=[(xgboost.DMatrix(val_x, label=val_y, feature_names=features), "validation")],
                             verbose_eval=False)
+    FIT_S["fit_s"] = time.monotonic() - fit_started
     return booster.predict(xgboost.DMatrix(test_x, feature_names=features))
 
 
@@ -73,15 +85,20 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, required=True, help="epochs or boosting rounds")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--batch-size", type=int, help="Lightning batch size (default: the stage's default)")
+    parser.add_argument("--whole-batches", action="store_true",
+                        help="Lightning: the stage's whole-batch tensor loader instead of DataLoader(TensorDataset)")
     args = parser.parse_args()
     splits, features = json.loads(args.splits), json.loads(args.features)
     if args.family == "lightning":
-        predictions = plain_lightning(splits, features, args.label, args.iterations, args.seed, args.batch_size)
+        predictions = plain_lightning(splits, features, args.label, args.iterations, args.seed, args.batch_size,
+                                      args.whole_batches)
     else:
         predictions = plain_xgboost(splits, features, args.label, args.iterations, args.seed)
     test_y = pd.read_parquet(splits["test"], columns=[args.label])[args.label].to_numpy(np.float64)
     rmse = float(np.sqrt(np.mean((predictions - test_y) ** 2)))
-    print(json.dumps({"family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED}))
+    print(json.dumps({"family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED,
+                      "train_rows": int(pd.read_parquet(splits["train"], columns=[args.label]).shape[0]),
+                      **FIT_S}))
 
 
 if __name__ == "__main__":
