@@ -41,6 +41,7 @@ if not _INHERITED:  # a developer's own settings must not leak into the tests
     for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "AIRFLOW_CONN_RAY_DEFAULT",
                  "RAYML_ARTIFACT_ROOT"):
         os.environ.pop(name, None)
+    os.environ["AIRFLOW__OPENLINEAGE__DISABLED"] = "True"  # no lineage but tests/dags/test_lineage.py's
 for path in (ROOT, ROOT / "include"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
