@@ -94,6 +94,13 @@ def get_provider_info() -> dict:
                         "reach, s3://bucket/prefix or gs://bucket/prefix",
                         "schema": {"type": ["string", "null"]},
                     },
+                    "storage_conn_id": {
+                        "label": "Storage connection",
+                        "description": "An aws connection (access key, secret, extra endpoint_url "
+                        "and region_name) that Airflow reads and writes an s3:// artifact root with; "
+                        "empty means the environment's credentials. Ray nodes use their own",
+                        "schema": {"type": ["string", "null"]},
+                    },
                 },
                 "ui-field-behaviour": {
                     "hidden-fields": ["schema", "login", "port", "extra"],

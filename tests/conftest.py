@@ -189,3 +189,12 @@ def _delete_serve_applications(names: set[str], timeout_s: float = 120.0) -> Non
     while names & set(hook.get_serve_applications().get("applications") or {}):
         assert time.monotonic() < deadline, f"Serve applications {sorted(names)} not deleted in {timeout_s:.0f} s"
         time.sleep(1)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (SeaweedFS) on loopback with one bucket, for the ``s3`` tests."""
+    from tests.s3server import seaweedfs
+
+    with seaweedfs() as server:
+        yield server

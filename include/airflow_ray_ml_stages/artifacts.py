@@ -11,6 +11,7 @@ import os
 import re
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyarrow import fs as pafs
 
@@ -47,12 +48,43 @@ def run_dir(root: str, dag_id: str, run_id: str, task_id: str, map_index: int = 
     return join(root, safe_segment(dag_id), safe_segment(run_id), task)
 
 
+_S3_STORE: list[pafs.FileSystem] = []
+"""The S3 filesystem that ``use_s3_credentials`` set up for this process (at most one)."""
+
+
+def use_s3_credentials(access_key: str | None = None, secret_key: str | None = None, *,
+                       session_token: str | None = None, region: str | None = None,
+                       endpoint_url: str | None = None) -> None:
+    """Read and write every ``s3://`` URI in this process with these credentials and endpoint.
+
+    Without this call, ``s3://`` URIs take pyarrow's default chain: ``AWS_*`` variables, the
+    config files, the instance's or pod's role (how the Ray side reads them: the cluster's own
+    identity). The Airflow side calls it with the storage connection of its ``ray`` connection.
+
+    :param endpoint_url: an S3-compatible server, such as ``http://127.0.0.1:8333``; None: AWS.
+    """
+    options: dict[str, Any] = {"access_key": access_key, "secret_key": secret_key,
+                               "session_token": session_token, "region": region or "us-east-1"}
+    if endpoint_url:
+        parts = urlsplit(endpoint_url if "://" in endpoint_url else f"https://{endpoint_url}")
+        if not parts.netloc:
+            raise ArtifactError(f"the S3 endpoint {endpoint_url!r} names no host; give one like http://host:9000")
+        options.update(endpoint_override=parts.netloc + parts.path.rstrip("/"), scheme=parts.scheme)
+    try:
+        filesystem = pafs.S3FileSystem(**{key: value for key, value in options.items() if value is not None})
+    except (ValueError, TypeError) as err:  # e.g. a key without its secret
+        raise ArtifactError(f"cannot use these S3 credentials: {err}") from None
+    _S3_STORE[:] = [filesystem]
+
+
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """Return the filesystem and the path inside it for a URI or a local path."""
     if uri.startswith("file://"):
         return pafs.LocalFileSystem(), os.path.abspath(uri[len("file://") :])
     if not _SCHEME.match(uri):
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+    if _S3_STORE and uri.startswith("s3://"):
+        return _S3_STORE[0], uri[len("s3://") :].rstrip("/")
     try:
         return pafs.FileSystem.from_uri(uri)
     except Exception as err:  # pyarrow raises several types for unsupported or unreachable stores

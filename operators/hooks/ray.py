@@ -22,6 +22,7 @@ import requests
 
 from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
 from airflow_ray_ml.job_status import RayJobStatus
+from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import DEFAULT_ARTIFACT_ROOT_ENV
 
 try:
@@ -164,6 +165,7 @@ class RayHook(BaseHook):
             "verify_tls": True,
             "artifact_root": None,
             "serve_url": None,
+            "storage_conn_id": None,
         }
 
     def _connection_settings(self, connection: Any) -> dict[str, Any]:
@@ -180,6 +182,7 @@ class RayHook(BaseHook):
             "verify_tls": _as_bool(extra.get("verify_tls"), True),
             "artifact_root": extra.get("artifact_root") or None,
             "serve_url": extra.get("serve_url") or None,
+            "storage_conn_id": extra.get("storage_conn_id") or None,
         }
 
     @cached_property
@@ -190,7 +193,35 @@ class RayHook(BaseHook):
             if not self._undefined_default(err):
                 raise
             return self._local_settings()
-        return self._connection_settings(connection)
+        settings = self._connection_settings(connection)
+        if settings["storage_conn_id"]:
+            self._use_storage_connection(settings["storage_conn_id"])
+        return settings
+
+    def _use_storage_connection(self, conn_id: str) -> None:
+        """Give this process the storage connection's S3 credentials (``artifacts.use_s3_credentials``).
+
+        The connection has the ``aws`` shape: access key id as login (or extra ``aws_access_key_id``),
+        secret as password (or ``aws_secret_access_key``), and in its extra ``aws_session_token``,
+        ``region_name`` and ``endpoint_url`` (or ``service_config.s3.endpoint_url``). Only Airflow
+        uses it: a stage job or a Serve replica reads the store with its Ray node's own identity,
+        so the secret never travels in a job's entrypoint, runtime_env or metadata.
+        """
+        try:
+            connection = self.get_connection(conn_id)
+        except Exception as err:
+            raise RayOperatorError(
+                f"the Ray connection {self.ray_conn_id!r} names the storage connection {conn_id!r}, "
+                f"which cannot be read: {err}. Define it (an aws connection) or clear 'storage_conn_id'"
+            ) from None
+        extra = connection.extra_dejson or {}
+        endpoint = extra.get("endpoint_url") or ((extra.get("service_config") or {}).get("s3") or {}).get("endpoint_url")
+        artifacts.use_s3_credentials(
+            connection.login or extra.get("aws_access_key_id"),
+            connection.password or extra.get("aws_secret_access_key"),
+            session_token=extra.get("aws_session_token"), region=extra.get("region_name"),
+            endpoint_url=endpoint,
+        )
 
     async def _a_load_settings(self) -> None:
         """Read the connection without blocking the event loop (the triggerer's is shared)."""
