@@ -347,10 +347,21 @@ class LocalRayCluster:
         return self
 
     def add_node(self, num_cpus: int | None = None, num_gpus: int | None = None,
-                 resources: dict[str, float] | None = None, timeout_s: float = 60.0) -> int:
-        """Start a worker node joined to this head (``ray start --address``); return its leader PID."""
+                 resources: dict[str, float] | None = None, timeout_s: float = 60.0,
+                 temp_dir: str | None = None) -> int:
+        """Start a worker node joined to this head (``ray start --address``); return its leader PID.
+
+        :param temp_dir: the node's own dir, as ``temp_dir`` is the head's (Ray's temp dir in its
+            ``ray``), so the node shares no files with the head, as a node on another machine would;
+            the caller removes it. None: the node uses the head's.
+        """
         before = len(self.nodes())
         args = [f"--address={self.address}", *self._common_ports()]
+        if temp_dir is not None:
+            temp_dir = os.path.abspath(temp_dir)
+            check_socket_paths(temp_dir, self.env())
+            Path(temp_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            args.append(f"--temp-dir={os.path.join(temp_dir, _RAY_SUBDIR)}")
         if num_cpus is not None:
             args.append(f"--num-cpus={num_cpus}")
         if num_gpus is not None:

@@ -1,0 +1,157 @@
+"""The wine DAGs on a two-node Ray cluster that shares no disk, with the artifact root on a real
+S3-compatible server (SeaweedFS on loopback).
+
+The nodes have separate temp dirs and no common artifact path: every split, preprocessor, Tune
+result, checkpoint, model directory, manifest and the serving history live in the bucket, and
+the Serve replicas load the model from there. Airflow reaches the bucket through an ``aws``
+connection named by the ``ray`` connection's ``storage_conn_id``; the Ray nodes through their
+own environment (the cluster's identity). The secret must never reach a task log, a job's
+entrypoint or runtime_env, the job metadata or the Serve config that Ray's APIs return.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+
+import pandas as pd
+import pytest
+import requests
+
+from airflow_ray_ml_stages import artifacts
+from tests.conftest import ROOT, load_dag
+from tests.dags.test_wine_pipeline import ONE_TRIAL, ROW
+from tests.operators.test_ray_job import _xcom
+
+pytestmark = [pytest.mark.integration, pytest.mark.s3]
+
+STORAGE_CONN = "rayml_test_s3"
+WORSE = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
+
+
+def _states(dag_run) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+
+
+def _run(dag_id: str, when: datetime, **conf):
+    dag_run = load_dag(dag_id, ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
+    assert dag_run.state == "success", _states(dag_run)
+    return dag_run
+
+
+@pytest.fixture(scope="module")
+def s3_cluster(s3_server):
+    """Two Ray nodes, each with its own temp dir and the S3 server's credentials in its environment."""
+    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
+
+    node_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")
+    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rh", dir="/tmp"), num_cpus=2, num_gpus=0,
+                              token=new_token(), extra_env=s3_server.env)
+    try:
+        cluster.start()
+        cluster.add_node(num_cpus=2, num_gpus=0, temp_dir=node_dir)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(node_dir, ignore_errors=True)
+        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def on_s3(airflow_db, s3_server, s3_cluster, monkeypatch):
+    """Point ``ray_default`` at the two-node cluster with an s3:// artifact root; Airflow's own
+    environment has no AWS credentials, so only the storage connection can open the bucket."""
+    from airflow_ray_ml_stages.localcluster import free_port
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                 "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    root = f"s3://{s3_server.bucket}/ml"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{STORAGE_CONN.upper()}", json.dumps({
+        "conn_type": "aws", "login": s3_server.access_key, "password": s3_server.secret_key,
+        "extra": {"endpoint_url": s3_server.endpoint_url, "region_name": "us-east-1"},
+    }))
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({
+        "conn_type": "ray",
+        "extra": {"dashboard_url": s3_cluster.dashboard_url, "auth_token": s3_cluster.token,
+                  "artifact_root": root, "serve_url": f"http://127.0.0.1:{free_port()}",
+                  "storage_conn_id": STORAGE_CONN},
+    }))
+    yield root
+    artifacts._S3_STORE.clear()  # the hook gave this process the connection's credentials
+
+
+def _health(endpoint: str) -> str:
+    return requests.get(f"{endpoint}/health", timeout=10).json()["model_version"]
+
+
+def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s3_server, s3_cluster, capfd):
+    from airflow_ray_ml.hooks.ray import RayHook
+
+    # 1. a weak first model (nothing is served yet, so it is promoted), trained on both nodes
+    first = _run("wine_quality_pipeline", datetime(2026, 6, 1, tzinfo=timezone.utc),
+                 **{**ONE_TRIAL, "search_space": WORSE, "train_workers": 2, "placement_strategy": "STRICT_SPREAD"})
+    used = _xcom(first, "train")["compute_used"]
+    assert set(used["worker_nodes"]) == {node["node_id"] for node in s3_cluster.nodes()}
+    first_version = _xcom(first, "train")["model_version"]
+    endpoint = _xcom(first, "deploy", key="serve_endpoint")["endpoint"]
+    assert _health(endpoint) == first_version
+
+    # 2. a better one replaces it; the answer comes from the model the replica loaded from the bucket
+    second = _run("wine_quality_pipeline", datetime(2026, 6, 2, tzinfo=timezone.utc), **ONE_TRIAL)
+    second_version = _xcom(second, "train")["model_version"]
+    assert _xcom(second, "deploy", key="decision")["action"] == "promoted"
+    answer = requests.post(f"{endpoint}/predict", json={"instances": [ROW]}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["model_version"] == second_version
+
+    # every artifact is an object in the bucket, and nothing was written to a local artifact root
+    model_dir = _xcom(second, "train")["model_dir"]
+    assert model_dir.startswith(f"{on_s3}/wine_quality_pipeline/")
+    keys = s3_server.keys("ml")
+    bucket_root = on_s3[len("s3://"):]
+    for what in ("/preprocess/manifest.json", "/tune/manifest.json", "/train/manifest.json",
+                 "/preprocess/splits/", ".json", "/tune/"):
+        assert any(what in key for key in keys), what
+    assert any(key.startswith(model_dir[len("s3://"):] + "/") for key in keys)
+    for name in ("history.json", "previous_config.json", f"configs/{second_version}.json"):
+        assert f"{bucket_root}/serving/wine-quality/{name}" in keys, name
+    assert any(key.startswith(f"{bucket_root}/serving/wine-quality/code/") for key in keys)
+    from airflow_ray_ml.ray_job import DEFAULT_ARTIFACT_ROOT
+
+    assert not os.path.exists(os.path.join(DEFAULT_ARTIFACT_ROOT, "wine_quality_pipeline"))
+
+    # 3. batch scoring reads the served model and writes its output into the bucket
+    scoring = _run("wine_batch_scoring", datetime(2026, 6, 3, tzinfo=timezone.utc), new_rows=300)
+    result = _xcom(scoring, "score")
+    assert result["output_uri"].startswith(f"{on_s3}/") and result["model_version"] == second_version
+    filesystem = s3_server.filesystem()
+    parts = [key for key in s3_server.keys(result["output_uri"][len(f"s3://{s3_server.bucket}/"):])
+             if key.endswith(".csv")]
+    scored = pd.concat([pd.read_csv(io.BytesIO(filesystem.open_input_stream(key).read())) for key in parts])
+    assert len(scored) == 300 and scored["predicted_quality"].between(0, 10).all()
+
+    # 4. a rollback restores the first model from the config its promotion kept in the bucket
+    _run("ray_serve_rollback", datetime(2026, 6, 4, tzinfo=timezone.utc), app_name="wine-quality",
+         reason="s3 test")
+    assert _health(endpoint) == first_version
+    history = artifacts.read_json(f"{on_s3}/serving/wine-quality/history.json")
+    assert history[-1]["action"] == "rollback" and history[-1]["version"] == first_version
+
+    # 5. the secret is nowhere Ray or Airflow show it
+    logs = capfd.readouterr()
+    assert "[ray] " in logs.out  # the jobs' logs were streamed into the task logs captured here
+    assert s3_server.secret_key not in logs.out + logs.err
+    hook = RayHook()
+    jobs = hook.list_jobs()
+    assert len(jobs) >= 10
+    assert s3_server.secret_key not in json.dumps(jobs)
+    assert s3_server.secret_key not in json.dumps(hook.get_serve_applications())
+    log_files = [os.path.join(folder, name) for folder, _, names in os.walk(os.environ["AIRFLOW_HOME"])
+                 for name in names if name.endswith(".log")]
+    for path in log_files:
+        with open(path, errors="replace") as handle:
+            assert s3_server.secret_key not in handle.read(), path
