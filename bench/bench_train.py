@@ -14,11 +14,12 @@ since other processes on a shared machine slow the 2-CPU cluster far more than a
 Usage::
 
     python bench/bench_train.py [--repeats 1] [--epochs 15] [--rounds 100] [--skip-large] [--skip-small]
-                                [--large-families lightning xgboost]
+                                [--large-families lightning xgboost] [--large-epochs 2] [--large-rounds 30]
 
 At 100x the wine data (``--skip-small`` runs only that part) the table compares, side by side and
 interleaved: the plain script (with Lightning also with the stage's whole-batch loader, so the Ray
-overhead shows apart from the loader's gain), the stage as auto runs it on one 2-CPU node (in the
+overhead shows apart from the loader's gain, and that script as Lightning's own two-process DDP
+without Ray, so two workers' cost shows apart from this machine's all-reduce), the stage as auto runs it on one 2-CPU node (in the
 job's process), and the stage on one and on two Ray Train workers of 0.5 CPU fed by Ray Data. The
 per-worker rows/s are each worker's training rows times the epochs (rounds) over the training
 call's own time (``trainer.fit`` / ``xgboost.train``, the manifest's ``training.loop_timings.fit_s``).
@@ -50,14 +51,15 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def plain(family: str, fields: dict, iterations: int, batch_size: int | None = None,
-          whole_batches: bool = False, details: dict | None = None) -> tuple[float, float]:
+          whole_batches: bool = False, details: dict | None = None, processes: int = 1) -> tuple[float, float]:
     """The plain script's seconds (spawn to exit) and test RMSE; ``details`` gets its JSON line."""
     splits = {name: fields[f"{name}_uri"] for name in ("train", "validation", "test")}
     started = time.monotonic()
     output = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "plain_train.py"), "--family", family, "--splits", json.dumps(splits),
          "--features", json.dumps(fields["feature_columns"]), "--iterations", str(iterations),
-         *(["--batch-size", str(batch_size)] if batch_size else []), *(["--whole-batches"] if whole_batches else [])],
+         *(["--batch-size", str(batch_size)] if batch_size else []), *(["--whole-batches"] if whole_batches else []),
+         "--processes", str(processes)],
         capture_output=True, text=True, check=True,
     ).stdout
     result = json.loads(output.strip().splitlines()[-1])
@@ -135,6 +137,10 @@ ONE_NODE = {"use_gpu": False, "gpus_per_worker": 0, "num_workers": 1, "cpus_per_
             "accelerator": "cpu", "reason": "bench: the probe's plan on one 2-CPU node"}
 
 
+PLAIN_LOADER = "plain script, the stage's whole-batch loader"
+PLAIN_DDP = "plain script, Lightning DDP, 2 processes x 1 thread, the stage's loader (no Ray)"
+
+
 def large_bench(client, work: Path, args, load: list[float]) -> dict[str, dict[str, list[dict]]]:
     """Every contender at 100x the wine data, ``--repeats`` times, interleaved: {family: {row: [run, ...]}}."""
     large = write_splits(work / "wine100", rows=649_700)
@@ -150,7 +156,9 @@ def large_bench(client, work: Path, args, load: list[float]) -> dict[str, dict[s
             iterations = config.get("max_epochs") or config["num_boost_round"]
             contenders = [("plain script", "plain", {})]
             if family == "lightning":
-                contenders.append(("plain script, the stage's whole-batch loader", "plain", {"whole_batches": True}))
+                contenders.append((PLAIN_LOADER, "plain", {"whole_batches": True}))
+                # what two workers cost without Ray: Lightning's own DDP on the same two CPUs
+                contenders.append((PLAIN_DDP, "plain", {"whole_batches": True, "processes": 2}))
             contenders += [
                 ("stage, auto (in the job's process)", "stage", {"compute": ONE_NODE}),
                 ("stage, 1 Ray Train worker x 0.5 CPU, Ray Data", "stage",
@@ -163,7 +171,8 @@ def large_bench(client, work: Path, args, load: list[float]) -> dict[str, dict[s
                     details: dict = {}
                     seconds, rmse = plain(family, large, iterations, config.get("batch_size"), details=details, **extra)
                     run = {"seconds": seconds, "rmse": rmse, "fit_s": details.get("fit_s"),
-                           "rows_per_worker": details.get("train_rows"), "workers": 1}
+                           "rows_per_worker": details.get("train_rows_per_process", details.get("train_rows")),
+                           "workers": extra.get("processes", 1)}
                 else:
                     seconds, _, rmse, result = stage(client, work, large, config, **extra)
                     training = result["training"]
@@ -185,7 +194,7 @@ def print_large(runs: dict[str, dict[str, list[dict]]], args) -> None:
         print("| contender | seconds | ÷ plain | training s | per-worker rows/s | ÷ 1 worker's | test rmse |")
         print("|---|---|---|---|---|---|---|")
         plain_s = statistics.median(run["seconds"] for run in found["plain script"])
-        one_worker = None
+        one_worker = one_process = None
         for label, label_runs in found.items():
             seconds = statistics.median(run["seconds"] for run in label_runs)
             fit_s = statistics.median(run["fit_s"] for run in label_runs)
@@ -194,7 +203,11 @@ def print_large(runs: dict[str, dict[str, list[dict]]], args) -> None:
             rate = statistics.median(run["rows_per_worker"] * run["iterations"] / run["fit_s"] for run in label_runs)
             if "1 Ray Train worker" in label:
                 one_worker = rate
-            versus = f"{rate / one_worker:.2f}x" if one_worker and "Ray Train worker" in label else "-"
+            if label == PLAIN_LOADER:
+                one_process = rate
+            # Ray Train rows against one Ray Train worker; plain DDP against the same loader in one process
+            base = one_worker if "Ray Train worker" in label else one_process if label == PLAIN_DDP else None
+            versus = f"{rate / base:.2f}x" if base else "-"
             print(f"| {label} | {seconds:.1f} | {seconds / plain_s:.2f} | {fit_s:.1f} | {rate:,.0f} | {versus} | "
                   f"{statistics.median(run['rmse'] for run in label_runs):.4f} |")
         reads = [run["read_s"] for label, label_runs in found.items() if "Ray Data" in label for run in label_runs]

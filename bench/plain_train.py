@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ def _arrays(path: str, features: list[str], label: str):
 
 
 def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, seed: int,
-                    batch_size: int | None = None, whole_batches: bool = False) -> np.ndarray:
+                    batch_size: int | None = None, whole_batches: bool = False, processes: int = 1) -> np.ndarray:
     import pytorch_lightning as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -37,16 +38,26 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     pl.seed_everything(seed, verbose=False)
     torch.set_num_threads(1)
     (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
+    label_mean = float(train_y.mean())
+    # Several processes: Lightning's own DDP over gloo on this machine's CPUs, no Ray. Each rank
+    # trains on its equal slice of the rows, as the stage's workers do with their shards. Lightning
+    # starts ranks 1.. by running this script again with LOCAL_RANK set.
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if processes > 1:
+        rows = len(train_x) // processes
+        train_x, train_y = train_x[rank::processes][:rows], train_y[rank::processes][:rows]
+    FIT_S["train_rows_per_process"] = len(train_x)
     config = {**LIGHTNING_DEFAULTS, "max_epochs": epochs, "batch_size": batch_size or LIGHTNING_DEFAULTS["batch_size"]}
-    module = lightning_module(config, len(features), float(train_y.mean()))
-    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    module = lightning_module(config, len(features), label_mean)
+    ddp = {"strategy": "ddp", "devices": processes, "use_distributed_sampler": False} if processes > 1 else {"devices": 1}
+    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", **ddp, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          deterministic=True)
     if whole_batches:  # the stage's loader: the same batches, one tensor index per batch
         from airflow_ray_ml_stages.train.splits import tensor_batches
 
         loaders = (tensor_batches(train_x, train_y, config["batch_size"], shuffle=True,
-                                  generator=torch.Generator().manual_seed(seed)),
+                                  generator=torch.Generator().manual_seed(seed + rank)),
                    tensor_batches(val_x, val_y, 4096))
     else:
         loaders = (DataLoader(TensorDataset(torch.from_numpy(train_x), torch.from_numpy(train_y)),
@@ -55,6 +66,8 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     fit_started = time.monotonic()
     trainer.fit(module, *loaders)
     FIT_S["fit_s"] = time.monotonic() - fit_started
+    if rank:
+        sys.exit(0)  # rank 0 evaluates and prints the result
     with torch.inference_mode():
         return module.model.eval()(torch.from_numpy(test_x)).numpy()
 
@@ -87,11 +100,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, help="Lightning batch size (default: the stage's default)")
     parser.add_argument("--whole-batches", action="store_true",
                         help="Lightning: the stage's whole-batch tensor loader instead of DataLoader(TensorDataset)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="Lightning: train in this many DDP processes (gloo, one thread each), without Ray")
     args = parser.parse_args()
     splits, features = json.loads(args.splits), json.loads(args.features)
     if args.family == "lightning":
         predictions = plain_lightning(splits, features, args.label, args.iterations, args.seed, args.batch_size,
-                                      args.whole_batches)
+                                      args.whole_batches, args.processes)
     else:
         predictions = plain_xgboost(splits, features, args.label, args.iterations, args.seed)
     test_y = pd.read_parquet(splits["test"], columns=[args.label])[args.label].to_numpy(np.float64)
