@@ -48,21 +48,26 @@ def run_dir(root: str, dag_id: str, run_id: str, task_id: str, map_index: int = 
     return join(root, safe_segment(dag_id), safe_segment(run_id), task)
 
 
-_S3_STORE: list[pafs.FileSystem] = []
-"""The S3 filesystem that ``use_s3_credentials`` set up for this process (at most one)."""
+_S3_STORES: dict[str, pafs.FileSystem] = {}
+"""The S3 filesystems that ``use_s3_credentials`` set up in this process, by the URI prefix they serve."""
 
 
 def use_s3_credentials(access_key: str | None = None, secret_key: str | None = None, *,
                        session_token: str | None = None, region: str | None = None,
-                       endpoint_url: str | None = None) -> None:
-    """Read and write every ``s3://`` URI in this process with these credentials and endpoint.
+                       endpoint_url: str | None = None, prefix: str = "s3://") -> None:
+    """Read and write the ``s3://`` URIs under ``prefix`` in this process with these credentials and endpoint.
 
     Without this call, ``s3://`` URIs take pyarrow's default chain: ``AWS_*`` variables, the
     config files, the instance's or pod's role (how the Ray side reads them: the cluster's own
-    identity). The Airflow side calls it with the storage connection of its ``ray`` connection.
+    identity). The Airflow side calls it with the storage connection of its ``ray`` connection,
+    for that connection's artifact root; a URI under several prefixes takes the longest one's, so
+    two connections with roots in different buckets keep their own credentials in one process.
 
     :param endpoint_url: an S3-compatible server, such as ``http://127.0.0.1:8333``; None: AWS.
+    :param prefix: the URIs these credentials are for: an artifact root, or every ``s3://`` URI.
     """
+    if not prefix.startswith("s3://"):
+        raise ArtifactError(f"S3 credentials are for s3:// URIs, not {prefix!r}")
     options: dict[str, Any] = {"access_key": access_key, "secret_key": secret_key,
                                "session_token": session_token, "region": region or "us-east-1"}
     if endpoint_url:
@@ -74,7 +79,19 @@ def use_s3_credentials(access_key: str | None = None, secret_key: str | None = N
         filesystem = pafs.S3FileSystem(**{key: value for key, value in options.items() if value is not None})
     except (ValueError, TypeError) as err:  # e.g. a key without its secret
         raise ArtifactError(f"cannot use these S3 credentials: {err}") from None
-    _S3_STORE[:] = [filesystem]
+    _S3_STORES[prefix.rstrip("/") if prefix != "s3://" else prefix] = filesystem
+
+
+def forget_s3_credentials() -> None:
+    """Drop every filesystem ``use_s3_credentials`` set up: ``s3://`` URIs take the default chain again."""
+    _S3_STORES.clear()
+
+
+def _s3_store(uri: str) -> pafs.FileSystem | None:
+    """The filesystem set up for the longest prefix ``uri`` lies under (whole path segments), if any."""
+    found = [prefix for prefix in _S3_STORES
+             if prefix == "s3://" or uri == prefix or uri.startswith(prefix + "/")]
+    return _S3_STORES[max(found, key=len)] if found else None
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -83,8 +100,9 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), os.path.abspath(uri[len("file://") :])
     if not _SCHEME.match(uri):
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
-    if _S3_STORE and uri.startswith("s3://"):
-        return _S3_STORE[0], uri[len("s3://") :].rstrip("/")
+    store = _s3_store(uri) if uri.startswith("s3://") else None
+    if store is not None:
+        return store, uri[len("s3://") :].rstrip("/")
     try:
         return pafs.FileSystem.from_uri(uri)
     except Exception as err:  # pyarrow raises several types for unsupported or unreachable stores

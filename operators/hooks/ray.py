@@ -195,11 +195,14 @@ class RayHook(BaseHook):
             return self._local_settings()
         settings = self._connection_settings(connection)
         if settings["storage_conn_id"]:
-            self._use_storage_connection(settings["storage_conn_id"])
+            self._use_storage_connection(settings["storage_conn_id"], settings["artifact_root"])
         return settings
 
-    def _use_storage_connection(self, conn_id: str) -> None:
-        """Give this process the storage connection's S3 credentials (``artifacts.use_s3_credentials``).
+    def _use_storage_connection(self, conn_id: str, artifact_root: str | None) -> None:
+        """Read and write the artifact root in this process with the storage connection's S3 credentials.
+
+        They serve the ``s3://`` artifact root (``artifacts.use_s3_credentials``' prefix), or every
+        ``s3://`` URI where the root is not on S3; other connections' roots keep their own.
 
         The connection has the ``aws`` shape: access key id as login (or extra ``aws_access_key_id``),
         secret as password (or ``aws_secret_access_key``), and in its extra ``aws_session_token``,
@@ -221,6 +224,7 @@ class RayHook(BaseHook):
             connection.password or extra.get("aws_secret_access_key"),
             session_token=extra.get("aws_session_token"), region=extra.get("region_name"),
             endpoint_url=endpoint,
+            prefix=artifact_root if artifact_root and artifact_root.startswith("s3://") else "s3://",
         )
 
     async def _a_load_settings(self) -> None:
