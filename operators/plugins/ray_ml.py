@@ -269,6 +269,7 @@ def load_tune(data: PageData, user: Any, selector: str | None = None) -> None:
         return
     data.tune.job_url = public_job_url(data, data.tune.job_url)
     try:
+        artifact_root(data.conn_id)  # the artifact root's storage credentials, before its first read
         data.tune.rows = read_leaderboard(data.tune.result[LEADERBOARD_KEY])
     except Exception as err:
         data.tune.leaderboard_error = str(err)
@@ -345,7 +346,7 @@ def status_json(data: PageData) -> dict[str, Any]:
 
 def plot_bytes(user: Any, selector: str | None = None) -> bytes:
     """The plot of the selected (default: newest) Tune run ``user`` may see, checked to be a PNG of sensible size."""
-    data = PageData(conn_id="")
+    data = PageData(conn_id=ray_conn_id())
     load_tune(data, user, selector)
     if data.selection_error:
         raise HTTPException(status_code=data.selection_status, detail=data.selection_error)

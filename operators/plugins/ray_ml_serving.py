@@ -98,7 +98,11 @@ class ServingHistory:
 
 
 def artifact_root(conn_id: str) -> str | None:
-    """Where deploys write their serving history: the connection's ``artifact_root`` (None: the default)."""
+    """Where deploys write their serving history: the connection's ``artifact_root`` (None: the default).
+
+    Reading the connection also gives this process its storage connection's credentials for that
+    root (``storage_conn_id``), so call it before reading any artifact of the connection's.
+    """
     from airflow_ray_ml.hooks.ray import RayHook
 
     return RayHook(conn_id).artifact_root

@@ -15,6 +15,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from datetime import datetime, timezone
 
@@ -82,7 +84,23 @@ def on_s3(airflow_db, s3_server, s3_cluster, monkeypatch):
                   "storage_conn_id": STORAGE_CONN},
     }))
     yield root
-    artifacts._S3_STORE.clear()  # the hook gave this process the connection's credentials
+    artifacts.forget_s3_credentials()  # the hook gave this process the connection's credentials
+
+
+# The "Ray ML" page as a fresh api-server process runs it: nothing there has read the connection yet.
+PAGE_IN_A_FRESH_PROCESS = """
+import json
+from airflow.api_fastapi.app import create_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow_ray_ml.plugins import ray_ml
+
+create_auth_manager()
+user = SimpleAuthManagerUser(username="admin", role="admin")
+png = ray_ml.plot_bytes(user)
+data = ray_ml.PageData(conn_id=ray_ml.ray_conn_id())
+ray_ml.load_tune(data, user)
+print(json.dumps({"png_bytes": len(png), "rows": len(data.tune.rows or []), "error": data.tune.leaderboard_error}))
+"""
 
 
 def _health(endpoint: str) -> str:
@@ -141,7 +159,14 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
     history = artifacts.read_json(f"{on_s3}/serving/wine-quality/history.json")
     assert history[-1]["action"] == "rollback" and history[-1]["version"] == first_version
 
-    # 5. the secret is nowhere Ray or Airflow show it
+    # 5. the page reads the Tune run's plot and leaderboard from the bucket with the storage connection
+    page = subprocess.run([sys.executable, "-c", PAGE_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                          env=os.environ.copy(), timeout=120)
+    assert page.returncode == 0, page.stderr[-2000:]
+    shown = json.loads(page.stdout.strip().splitlines()[-1])
+    assert shown["png_bytes"] > 1000 and shown["rows"] >= 1 and shown["error"] is None, shown
+
+    # 6. the secret is nowhere Ray or Airflow show it
     logs = capfd.readouterr()
     assert "[ray] " in logs.out  # the jobs' logs were streamed into the task logs captured here
     assert s3_server.secret_key not in logs.out + logs.err
