@@ -10,6 +10,10 @@ Airflow worker cannot read."""
 STATUS_SUCCEEDED = "succeeded"
 STATUS_FAILED = "failed"
 
+ARTIFACT_DIR_ENV = "RAYML_ARTIFACT_DIR"
+"""Environment variable that gives a job of your own (RayJobOperator's ``entrypoint``) its task run's
+artifact directory, where :func:`airflow_ray_ml_stages.job_result.report_result` writes its manifest."""
+
 DEFAULT_ARTIFACT_ROOT_ENV = "RAYML_ARTIFACT_ROOT"
 """Environment variable naming the artifact root when neither the operator nor the connection does."""
 

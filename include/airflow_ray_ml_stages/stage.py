@@ -63,7 +63,12 @@ def publish_manifest(manifest: dict[str, Any]) -> None:
     try:
         artifacts.write_json_atomic(artifacts.manifest_uri(manifest["artifact_dir"]), manifest)
     finally:
-        print(MANIFEST_LOG_MARKER + json.dumps(manifest, sort_keys=True), flush=True)
+        print_manifest(manifest)
+
+
+def print_manifest(manifest: dict[str, Any]) -> None:
+    """The manifest on its marked log line (the operator's copy where it cannot read the artifact root)."""
+    print(MANIFEST_LOG_MARKER + json.dumps(manifest, sort_keys=True), flush=True)
 
 
 def _artifact_dir_of(raw_spec: str) -> str:
