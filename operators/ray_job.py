@@ -1,11 +1,12 @@
-"""The job-submitting core shared by every stage operator.
+"""The job-submitting core shared by every stage operator, and the operator for Ray jobs of your own.
 
 An operator never preprocesses, trains or serves inside the Airflow worker. It builds a stage spec,
 runs ``python -m airflow_ray_ml_stages.<stage> --spec '<json>'`` as a Ray job with the Ray-side package shipped in
-the job's ``runtime_env``, follows the job (streaming its log into the task log line by line as the
+the job's ``runtime_env`` (or, given an ``entrypoint``, runs that command), follows the job (streaming its log into the task log line by line as the
 job writes it, from the worker or, deferred, from :class:`~airflow_ray_ml.triggers.ray.RayJobTrigger`),
 and returns the job's result manifest as the XCom (each of its keys also as an XCom of its own,
-for ``task.output["key"]``).
+for ``task.output["key"]``); a job of your own returns its manifest if it wrote one
+(:mod:`airflow_ray_ml_stages.job_result`), else the last JSON line it printed.
 
 Every try of one task run uses the same deterministic submission id, so a retried task re-attaches
 to a RUNNING job, reuses a SUCCEEDED job's manifest, and submits a new job (``-r1``, ``-r2``...)
@@ -26,7 +27,7 @@ from airflow.sdk.exceptions import TaskDeferralTimeout
 
 import airflow_ray_ml_stages
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.constants import JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
+from airflow_ray_ml_stages.constants import ARTIFACT_DIR_ENV, JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
 from airflow_ray_ml_stages.errors import RayMLError
 from airflow_ray_ml.contract import coerce_spec
 from airflow_ray_ml.errors import (
@@ -56,15 +57,41 @@ def manifest_from_log(log_text: str) -> dict[str, Any] | None:
     return None
 
 
-class RayJobOperator(BaseOperator):
-    """Run one Ray-side stage (``airflow_ray_ml_stages.<stage>``) as a Ray job and return its manifest as the XCom.
+def last_json_line(log_text: str) -> Any:
+    """The last line of a job's log that is a JSON object or list (None if there is none)."""
+    for line in reversed(log_text.splitlines()):
+        line = line.strip()
+        if line[:1] in ("{", "[") and not line.startswith(MANIFEST_LOG_MARKER):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
 
-    Stage operators subclass this and override :meth:`build_spec`; on its own it runs any stage
-    with a spec given as a dict.
+
+class RayJobOperator(BaseOperator):
+    """Run a Ray job and return its result as the XCom: a Ray-side stage, or any command of yours.
+
+    Given ``stage``, it runs ``airflow_ray_ml_stages.<stage>`` with ``spec`` and returns the stage's
+    manifest (stage operators subclass it and override :meth:`build_spec`). Given ``entrypoint``,
+    it runs that command; the job's XCom is the manifest the job wrote with
+    :func:`airflow_ray_ml_stages.job_result.report_result` if it did, else the last line it printed
+    that is a JSON object or list, else None. Either way: one deterministic submission id per task
+    run (a retry re-attaches to a running job), the job's log streamed into the task log, deferral,
+    and ``on_kill`` stopping the job.
 
     :param stage: the stage module under ``airflow_ray_ml_stages`` (for example ``generate``). (templated)
     :param spec: the stage's spec fields other than ``artifact_dir``, which the operator sets to
         this task run's directory. (templated)
+    :param entrypoint: instead of a stage, the shell command the job runs, such as
+        ``python train.py --epochs 3`` with ``runtime_env={"working_dir": ...}``; the job finds its
+        task run's artifact directory in ``RAYML_ARTIFACT_DIR``. (templated)
+    :param entrypoint_num_cpus: CPUs reserved for the entrypoint's process (Ray's default: 0).
+    :param entrypoint_num_gpus: GPUs reserved for the entrypoint's process.
+    :param entrypoint_memory: bytes of memory reserved for the entrypoint's process.
+    :param entrypoint_resources: custom resources reserved for the entrypoint's process.
+    :param metadata: more job metadata for the Ray dashboard (text values); the operator's own
+        ``airflow_*`` keys (DAG, run, task, map index) are always set. (templated)
     :param ray_conn_id: the Airflow connection to the Ray cluster (type ``ray``).
     :param artifact_root: where stages write outputs; default: the connection's artifact root, else
         ``RAYML_ARTIFACT_ROOT``, else ``~/airflow-ray-ml/artifacts``. (templated)
@@ -78,16 +105,22 @@ class RayJobOperator(BaseOperator):
     :param job_timeout_s: stop the job and fail the task after this long.
     """
 
-    template_fields: Sequence[str] = ("stage", "spec", "artifact_root", "runtime_env")
-    template_fields_renderers = {"spec": "json", "runtime_env": "json"}
+    template_fields: Sequence[str] = ("stage", "spec", "entrypoint", "artifact_root", "runtime_env", "metadata")
+    template_fields_renderers = {"spec": "json", "runtime_env": "json", "metadata": "json"}
     operator_extra_links = (RayJobLink(), RayJobLogLink())
     ui_color = "#e6f0ff"
 
     def __init__(
         self,
         *,
-        stage: str,
+        stage: str | None = None,
         spec: dict[str, Any] | None = None,
+        entrypoint: str | None = None,
+        entrypoint_num_cpus: float | None = None,
+        entrypoint_num_gpus: float | None = None,
+        entrypoint_memory: int | None = None,
+        entrypoint_resources: dict[str, float] | None = None,
+        metadata: dict[str, str] | None = None,
         ray_conn_id: str = RayHook.default_conn_name,
         artifact_root: str | None = None,
         runtime_env: dict[str, Any] | None = None,
@@ -97,12 +130,25 @@ class RayJobOperator(BaseOperator):
         job_timeout_s: float | None = 6 * 3600,
         **kwargs: Any,
     ) -> None:
-        # each manifest key is an XCom of its own too, so a DAG hands on exactly what the next task
-        # takes: `config=tune.output["best_config"]`, `source=demo_data.output["data_uris"]`
-        kwargs.setdefault("multiple_outputs", True)
+        if (stage is None) == (entrypoint is None):
+            raise ValueError(f"task {kwargs.get('task_id')!r}: give RayJobOperator either stage= (one of this "
+                             "package's stages) or entrypoint= (a command of your own), not both or neither")
+        if spec and entrypoint is not None:
+            raise ValueError(f"task {kwargs.get('task_id')!r}: spec= goes with stage=; pass a command's "
+                             "arguments in its entrypoint")
+        # each manifest key of a stage is an XCom of its own too, so a DAG hands on exactly what the next
+        # task takes: `config=tune.output["best_config"]`, `source=demo_data.output["data_uris"]`. A
+        # command's result may be any JSON, so it stays one XCom unless the DAG asks otherwise.
+        kwargs.setdefault("multiple_outputs", stage is not None)
         super().__init__(**kwargs)
         self.stage = stage
         self.spec = spec or {}
+        self.entrypoint = entrypoint
+        self.entrypoint_num_cpus = entrypoint_num_cpus
+        self.entrypoint_num_gpus = entrypoint_num_gpus
+        self.entrypoint_memory = entrypoint_memory
+        self.entrypoint_resources = entrypoint_resources
+        self.metadata = metadata or {}
         self.ray_conn_id = ray_conn_id
         self.artifact_root = artifact_root
         self.runtime_env = runtime_env or {}
@@ -142,14 +188,15 @@ class RayJobOperator(BaseOperator):
         dag_id, run_id, map_index = self._run_keys(context)
         return artifacts.run_dir(root, dag_id, run_id, self.task_id, map_index)
 
-    def job_runtime_env(self) -> dict[str, Any]:
+    def job_runtime_env(self, artifact_dir: str | None = None) -> dict[str, Any]:
         runtime_env = dict(self.runtime_env)
-        runtime_env["env_vars"] = {**JOB_ENV_VARS, **runtime_env.get("env_vars", {})}
+        own = {ARTIFACT_DIR_ENV: artifact_dir} if artifact_dir else {}
+        runtime_env["env_vars"] = {**JOB_ENV_VARS, **own, **runtime_env.get("env_vars", {})}
         if self.ship_package:
             runtime_env["py_modules"] = [RAYML_PACKAGE_DIR, *runtime_env.get("py_modules", [])]
         return runtime_env
 
-    def entrypoint(self, spec: dict[str, Any]) -> str:
+    def stage_command(self, spec: dict[str, Any]) -> str:
         # The stage was checked against the known stages (full_spec); quoting keeps it one word anyway.
         module = shlex.quote(f"airflow_ray_ml_stages.{self.stage}")
         return f"python -m {module} --spec {shlex.quote(json.dumps(spec, sort_keys=True))}"
@@ -197,15 +244,27 @@ class RayJobOperator(BaseOperator):
             value={"dashboard_url": self.hook.dashboard_url, "submission_id": submission_id, "job_url": url},
         )
 
-    def submit(self, context: Context, submission_id: str, spec: dict[str, Any]) -> Decision:
+    def job_entrypoint(self, spec: dict[str, Any] | None) -> str:
+        """The job's command: the stage's, or the ``entrypoint`` given."""
+        if spec is None:
+            if not isinstance(self.entrypoint, str) or not self.entrypoint.strip():
+                raise InvalidSpecError(f"task {self.task_id!r}: entrypoint must be a command, got {self.entrypoint!r}")
+            return self.entrypoint
+        return self.stage_command(spec)
+
+    def submit(self, context: Context, submission_id: str, spec: dict[str, Any] | None, artifact_dir: str) -> Decision:
         dag_id, run_id, map_index = self._run_keys(context)
+        resources = {"entrypoint_num_cpus": self.entrypoint_num_cpus, "entrypoint_num_gpus": self.entrypoint_num_gpus,
+                     "entrypoint_memory": self.entrypoint_memory, "entrypoint_resources": self.entrypoint_resources}
         try:
             self.hook.submit_job(
-                entrypoint=self.entrypoint(spec),
+                entrypoint=self.job_entrypoint(spec),
                 submission_id=submission_id,
-                runtime_env=self.job_runtime_env(),
-                metadata={"airflow_dag_id": dag_id, "airflow_run_id": run_id,
+                runtime_env=self.job_runtime_env(artifact_dir),
+                metadata={**{str(key): str(value) for key, value in (self.metadata or {}).items()},
+                          "airflow_dag_id": dag_id, "airflow_run_id": run_id,
                           "airflow_task_id": self.task_id, "airflow_map_index": str(map_index)},
+                **{key: value for key, value in resources.items() if value is not None},
             )
         except RuntimeError as err:
             if "already exists" not in str(err):
@@ -216,8 +275,9 @@ class RayJobOperator(BaseOperator):
         self.log.info("Submitted Ray job %s (stage %s)", submission_id, self.stage)
         return Decision(Action.SUBMIT, submission_id)
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        spec = self.full_spec(context)
+    def execute(self, context: Context) -> Any:
+        spec = self.full_spec(context) if self.stage is not None else None
+        artifact_dir = spec["artifact_dir"] if spec else self.artifact_dir(context)
         self.hook.check_access()
         decision = self.decide(context)
         self._record_job(context, decision.submission_id)
@@ -225,9 +285,9 @@ class RayJobOperator(BaseOperator):
                       job_page_url(self.hook.dashboard_url, decision.submission_id))
         if decision.action is Action.REUSE:
             self.log.info("An earlier try of this task run already succeeded; reusing its manifest")
-            return self.finish(decision.submission_id, spec["artifact_dir"], log_offset=0)
+            return self.finish(decision.submission_id, artifact_dir, log_offset=0)
         if decision.action is Action.SUBMIT:
-            decision = self.submit(context, decision.submission_id, spec)
+            decision = self.submit(context, decision.submission_id, spec, artifact_dir)
         if self.deferrable:
             self.defer(
                 trigger=RayJobTrigger(
@@ -239,9 +299,9 @@ class RayJobOperator(BaseOperator):
                 timeout=self.job_timeout_s,
             )
         offset = self.wait(decision.submission_id)
-        return self.finish(decision.submission_id, spec["artifact_dir"], log_offset=offset)
+        return self.finish(decision.submission_id, artifact_dir, log_offset=offset)
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> Any:
         """Resume after the trigger fired (``event`` may be None where the kwargs were dropped)."""
         event = event or {}
         submission_id = event.get("submission_id") or self.decide(context).submission_id
@@ -309,11 +369,13 @@ class RayJobOperator(BaseOperator):
             self.log.info("Manifest %s not readable from this worker (%s); using the job log's copy", uri, err)
         return manifest_from_log(log_text)
 
-    def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> dict[str, Any]:
-        """Log what the job printed after ``log_offset``, then return its manifest or raise its error."""
+    def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> Any:
+        """Log what the job printed after ``log_offset``, then return its result or raise its error."""
         status = self.hook.get_job_status(submission_id)
         logs = self._job_logs(submission_id)  # whole, once: the manifest line and the reason of a failure
         self._emit_logs(logs[log_offset:])
+        if self.stage is None:
+            return self._command_result(submission_id, status, artifact_dir, logs)
         manifest = self.read_manifest(artifact_dir, logs)
         if status is not RayJobStatus.SUCCEEDED:
             # This job's own verdict, from its log: a manifest file may be an earlier try's.
@@ -334,12 +396,27 @@ class RayJobOperator(BaseOperator):
         self._manifest = manifest
         return manifest
 
+    def _command_result(self, submission_id: str, status: RayJobStatus | None, artifact_dir: str, logs: str) -> Any:
+        """A command's XCom: the manifest it wrote (``report_result``), else its last JSON line, else None."""
+        if status is not RayJobStatus.SUCCEEDED:
+            raise RayJobFailedError(
+                f"Ray job {submission_id} ({self.entrypoint!r}) ended {status.value if status else 'MISSING'}: "
+                f"{_last_lines(logs) or 'see the job log above'}"
+            )
+        manifest = manifest_from_log(logs)
+        if manifest is not None:  # this job's own report, on its marked line; the file says the same
+            return manifest
+        result = last_json_line(logs)
+        if result is None:
+            self.log.info("Ray job %s printed no JSON line and reported no result: the XCom is None", submission_id)
+        return result
+
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The datasets the job read and wrote, for Airflow's OpenLineage integration (airflow_ray_ml.lineage)."""
         from airflow_ray_ml.lineage import stage_lineage
 
         spec = self._spec
-        if spec is None and self._manifest is not None:  # resumed after deferral, in a new operator: build it again
+        if spec is None and self._manifest is not None and self.stage is not None:  # resumed after deferral, in a new operator: build it again
             spec = self.full_spec(task_instance.get_template_context())
         return stage_lineage(self.stage, spec, self._manifest)
 

@@ -394,14 +394,16 @@ class RayHook(BaseHook):
             raise RayClusterUnreachableError(self.unreachable_message(err)) from None
 
     def submit_job(self, *, entrypoint: str, submission_id: str, runtime_env: dict[str, Any] | None = None,
-                   metadata: dict[str, str] | None = None) -> str:
+                   metadata: dict[str, str] | None = None, **resources: Any) -> str:
         """Submit a job through Ray's client (which uploads the runtime_env's local packages first).
 
-        Raises Ray's ``RuntimeError`` when the cluster refuses it, e.g. when ``submission_id``
-        already exists.
+        ``resources``: what the entrypoint's process reserves (``entrypoint_num_cpus``,
+        ``entrypoint_num_gpus``, ``entrypoint_memory``, ``entrypoint_resources``). Raises Ray's
+        ``RuntimeError`` when the cluster refuses it, e.g. when ``submission_id`` already exists.
         """
         return self.get_job_client().submit_job(
-            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, metadata=metadata
+            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, metadata=metadata,
+            **resources,
         )
 
     def list_jobs(self) -> list[dict[str, Any]]:

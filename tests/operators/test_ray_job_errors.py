@@ -48,7 +48,7 @@ def test_runtime_env_ships_the_package_and_keeps_user_entries():
 
 def test_entrypoint_quotes_the_spec_for_the_shell():
     operator = _operator(stage="generate")
-    command = operator.entrypoint({"artifact_dir": "/tmp/it's here", "rows": 5})
+    command = operator.stage_command({"artifact_dir": "/tmp/it's here", "rows": 5})
     assert command.startswith("python -m airflow_ray_ml_stages.generate --spec '")
     import shlex
 
