@@ -1,11 +1,12 @@
 """The job-submitting core shared by every stage operator, and the operator for Ray jobs of your own.
 
 An operator never preprocesses, trains or serves inside the Airflow worker. It builds a stage spec,
-runs ``python -m airflow_ray_ml_stages.<stage> --spec '<json>'`` as a Ray job with the Ray-side package shipped in
-the job's ``runtime_env`` (or, given an ``entrypoint``, runs that command), follows the job (streaming its log into the task log line by line as the
-job writes it, from the worker or, deferred, from :class:`~airflow_ray_ml.triggers.ray.RayJobTrigger`),
-and returns the job's result manifest as the XCom (each of its keys also as an XCom of its own,
-for ``task.output["key"]``); a job of your own returns its manifest if it wrote one
+runs ``python -m airflow_ray_ml_stages.<stage> --spec '<json>'`` as a Ray job with the Ray-side
+package shipped in the job's ``runtime_env`` (or, given an ``entrypoint``, runs that command),
+follows the job (streaming its log into the task log line by line as the job writes it, from the
+worker or, deferred, from :class:`~airflow_ray_ml.triggers.ray.RayJobTrigger`), and returns the
+job's result manifest as the XCom (each of its keys also as an XCom of its own, for
+``task.output["key"]``); a job of your own returns its manifest if it wrote one
 (:mod:`airflow_ray_ml_stages.job_result`), else the last JSON line it printed.
 
 Every try of one task run uses the same deterministic submission id, so a retried task re-attaches
@@ -272,7 +273,8 @@ class RayJobOperator(BaseOperator):
             # Another try of this task run submitted it first: follow that job instead.
             self.log.info("Ray job %s was submitted concurrently; attaching to it", submission_id)
             return Decision(Action.ATTACH, submission_id)
-        self.log.info("Submitted Ray job %s (stage %s)", submission_id, self.stage)
+        self.log.info("Submitted Ray job %s (%s)", submission_id,
+                      f"stage {self.stage}" if self.stage is not None else "your entrypoint")
         return Decision(Action.SUBMIT, submission_id)
 
     def execute(self, context: Context) -> Any:
@@ -375,7 +377,7 @@ class RayJobOperator(BaseOperator):
         logs = self._job_logs(submission_id)  # whole, once: the manifest line and the reason of a failure
         self._emit_logs(logs[log_offset:])
         if self.stage is None:
-            return self._command_result(submission_id, status, artifact_dir, logs)
+            return self._command_result(submission_id, status, logs)
         manifest = self.read_manifest(artifact_dir, logs)
         if status is not RayJobStatus.SUCCEEDED:
             # This job's own verdict, from its log: a manifest file may be an earlier try's.
@@ -396,7 +398,7 @@ class RayJobOperator(BaseOperator):
         self._manifest = manifest
         return manifest
 
-    def _command_result(self, submission_id: str, status: RayJobStatus | None, artifact_dir: str, logs: str) -> Any:
+    def _command_result(self, submission_id: str, status: RayJobStatus | None, logs: str) -> Any:
         """A command's XCom: the manifest it wrote (``report_result``), else its last JSON line, else None."""
         if status is not RayJobStatus.SUCCEEDED:
             raise RayJobFailedError(
