@@ -111,6 +111,12 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         ) from err
 
 
+def ray_storage_path(uri: str) -> str:
+    """A directory as Ray Train and Ray Tune take their ``storage_path``: a store's URI as it is, a
+    local path absolute (Ray resolves store URIs with pyarrow itself, from the node's credentials)."""
+    return uri if is_remote(uri) else resolve(uri)[1]
+
+
 def makedirs(uri: str) -> None:
     filesystem, path = resolve(uri)
     filesystem.create_dir(path, recursive=True)

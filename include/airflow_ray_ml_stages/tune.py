@@ -248,8 +248,7 @@ def run_name(artifact_dir: str) -> str:
 
 
 def _storage_path(artifact_dir: str) -> str:
-    uri = artifacts.join(artifact_dir, TUNE_RUNS_DIR)
-    return uri if artifacts.is_remote(uri) else artifacts.resolve(uri)[1]
+    return artifacts.ray_storage_path(artifacts.join(artifact_dir, TUNE_RUNS_DIR))
 
 
 def _searcher(spec: TuneSpec):

@@ -75,5 +75,4 @@ def run_name(artifact_dir: str) -> str:
 
 def storage_path(artifact_dir: str) -> str:
     """Where Ray Train keeps the run's checkpoints: ``train_runs/`` under the artifact directory."""
-    uri = artifacts.join(artifact_dir, TRAIN_RUNS_DIR)
-    return uri if artifacts.is_remote(uri) else artifacts.resolve(uri)[1]
+    return artifacts.ray_storage_path(artifacts.join(artifact_dir, TRAIN_RUNS_DIR))
