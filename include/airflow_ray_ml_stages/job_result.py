@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_ray_ml_stages.constants import ARTIFACT_DIR_ENV, STATUS_SUCCEEDED
-from airflow_ray_ml_stages.stage import print_manifest, publish_manifest
+from airflow_ray_ml_stages.stage import publish_manifest
 
 RESERVED = ("status", "artifact_dir", "finished_at")
 
@@ -43,8 +43,5 @@ def report_result(result: dict[str, Any]) -> dict[str, Any]:
         json.dumps(manifest)
     except (TypeError, ValueError) as err:
         raise TypeError(f"report_result: the result must be JSON-able (numbers, text, lists, dicts): {err}") from None
-    if manifest["artifact_dir"]:
-        publish_manifest(manifest)
-    else:
-        print_manifest(manifest)
+    publish_manifest(manifest)  # outside RayJobOperator's job (no artifact dir): only the log line
     return manifest

@@ -59,16 +59,12 @@ def build_manifest(
 
 
 def publish_manifest(manifest: dict[str, Any]) -> None:
-    """Write the manifest into its artifact directory and repeat it on a marked log line."""
+    """Write the manifest into its artifact directory, if it names one, and repeat it on a marked log line."""
     try:
-        artifacts.write_json_atomic(artifacts.manifest_uri(manifest["artifact_dir"]), manifest)
+        if manifest["artifact_dir"]:
+            artifacts.write_json_atomic(artifacts.manifest_uri(manifest["artifact_dir"]), manifest)
     finally:
-        print_manifest(manifest)
-
-
-def print_manifest(manifest: dict[str, Any]) -> None:
-    """The manifest on its marked log line (the operator's copy where it cannot read the artifact root)."""
-    print(MANIFEST_LOG_MARKER + json.dumps(manifest, sort_keys=True), flush=True)
+        print(MANIFEST_LOG_MARKER + json.dumps(manifest, sort_keys=True), flush=True)
 
 
 def _artifact_dir_of(raw_spec: str) -> str:
