@@ -143,7 +143,7 @@ def test_model_card_round_trips_and_drops_only_unset_optional_fields(tmp_path):
     card = ModelCard.from_dict(_card("xgboost"))
     card.write(str(tmp_path))
     written = json.loads((tmp_path / "model_card.json").read_text())
-    assert written == _card("xgboost")  # preprocessor: null stays; model_version etc. (unset) are left out
+    assert written == {**_card("xgboost"), "task": "regression"}  # preprocessor: null stays; unset ones are left out
     assert ModelCard.read(str(tmp_path)) == card
     newer = {**_card("xgboost"), "model_version": "xgboost-1", "written_by": "a later version"}
     assert ModelCard.from_dict(newer).model_version == "xgboost-1"  # fields it does not know are ignored
@@ -172,10 +172,10 @@ def test_train_loop_config_crosses_ray_train_as_a_dict_and_rejects_wrong_keys():
 def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
     import torch
 
-    from airflow_ray_ml_stages.models.mlp import MLPRegressor, model_config
+    from airflow_ray_ml_stages.models.mlp import MLP, model_config
 
     torch.manual_seed(0)
-    module = MLPRegressor(3, [8, 4], dropout=0.2, label_offset=5.5).eval()
+    module = MLP(3, [8, 4], dropout=0.2, label_offset=5.5).eval()
     buffer = io.BytesIO()
     torch.save(module.state_dict(), buffer)
     (tmp_path / "model.pt").write_bytes(buffer.getvalue())
