@@ -81,6 +81,11 @@ def task_metrics(task: str, labels, predictions) -> dict[str, float]:
     return regression_metrics(labels, predictions)
 
 
+def validation_metrics(task: str, labels, predictions) -> dict[str, float]:
+    """The task's metrics of validation predictions, named as Ray Tune sees them (``val_rmse``, ``val_log_loss``...)."""
+    return {f"val_{name}": value for name, value in task_metrics(task, labels, predictions).items()}
+
+
 def prior_probabilities(labels, classes: int) -> np.ndarray:
     """Each class's share of ``labels`` (class indexes): what the baseline classifier predicts for every row."""
     counts = np.bincount(np.asarray(labels).astype(np.int64).reshape(-1), minlength=classes).astype(np.float64)
