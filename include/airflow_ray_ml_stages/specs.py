@@ -542,7 +542,8 @@ class ScoreSpec(StageSpec):
 
 @dataclasses.dataclass
 class ScoreResult(JsonDataclass):
-    """What the ``score`` stage wrote: the predictions' location, row count and a summary."""
+    """What the ``score`` stage wrote: the predictions' location, row count and a summary of them
+    (``predictions``: mean, min and max for regression; the count of each class for classification)."""
 
     output_uri: str
     output_format: str
