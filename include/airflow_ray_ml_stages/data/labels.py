@@ -29,6 +29,14 @@ def label_key(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def key_order(key: str) -> tuple:
+    """Sort order of class keys: integer keys by value, before any text key (then by text)."""
+    try:
+        return (0, int(key), "")
+    except ValueError:
+        return (1, 0, key)
+
+
 def row_classes(label: np.ndarray, label_codes: np.ndarray | None, label_values: list | None,
                 ctx: BatchContext) -> tuple[np.ndarray, list[str]]:
     """Each kept row's class as an index into the returned class keys (some keys may have no row).
@@ -62,7 +70,7 @@ def class_summary(batch: Batch, keep: np.ndarray, bins: np.ndarray, ctx: BatchCo
     local, keys = row_classes(label, label_codes, batch.label_values, ctx)
     present = np.flatnonzero(np.bincount(local, minlength=len(keys)))
     if len(present) > ctx.max_categories:
-        summary["too_many"] = sorted(keys[index] for index in present)[: ctx.max_categories + 1]
+        summary["too_many"] = sorted((keys[index] for index in present), key=key_order)[: ctx.max_categories + 1]
         return summary
     counts = np.bincount(local * STRATA_BINS + bins, minlength=len(keys) * STRATA_BINS).reshape(len(keys), STRATA_BINS)
     summary["histograms"] = {keys[index]: counts[index].tolist() for index in present}
@@ -82,7 +90,7 @@ def merge_class_summaries(into: dict[str, Any], part: dict[str, Any], max_classe
     merge_finding(into["not_integral"], part["not_integral"])
     if part["too_many"] or into["too_many"]:
         keys = {*into["too_many"], *into["histograms"], *part["too_many"], *part["histograms"]}
-        into["too_many"], into["histograms"] = sorted(keys)[: max_classes + 1], {}
+        into["too_many"], into["histograms"] = sorted(keys, key=key_order)[: max_classes + 1], {}
         return
     for key, counts in part["histograms"].items():
         if key in into["histograms"]:
@@ -90,7 +98,7 @@ def merge_class_summaries(into: dict[str, Any], part: dict[str, Any], max_classe
         else:
             into["histograms"][key] = np.asarray(counts, dtype="int64")
     if len(into["histograms"]) > max_classes:
-        into["too_many"], into["histograms"] = sorted(into["histograms"])[: max_classes + 1], {}
+        into["too_many"], into["histograms"] = sorted(into["histograms"], key=key_order)[: max_classes + 1], {}
 
 
 def _describe(finding: dict) -> str:
