@@ -238,6 +238,12 @@ def test_regression_text_label_stays_a_non_numeric_error_that_suggests_classific
         run_preprocess(PreprocessSpec(source=[str(path)], label_column="label", artifact_dir=str(tmp_path / "out")))
 
 
+def test_classification_label_numeric_at_first_then_text_says_to_make_it_all_text(tmp_path):
+    path = _bad_frame(tmp_path, "mixed.csv", [*range(3)] * 60 + ["many"] * 120)
+    with pytest.raises(DataSourceError, match=r"'label' must be numeric.*\['many'\].*read as text only when its first rows"):
+        run_preprocess(_spec(tmp_path, "mixed", path, label_column="label"))
+
+
 # -- the Ray Data engine writes what the direct engine writes ------------------------------------
 
 RUNNER = """

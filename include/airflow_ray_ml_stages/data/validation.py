@@ -121,5 +121,6 @@ def diagnose_csv(layouts: list[SourceLayout], plan: ColumnPlan, chunk_rows: int 
 def _text_fix(column: str, label: str) -> str:
     """What to do about text in a numeric column: a category for a feature, classes for the label."""
     if column == label:
-        return "set task='classification' to use the label's values as classes"
+        return ("set task='classification' to use the label's values as classes (a classification label is read "
+                "as text only when its first rows hold no numbers: make all its values text or all numbers)")
     return f"list {column!r} in categorical_columns if it is a category"
