@@ -21,7 +21,8 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.data.batch import Batch, BatchContext, dictionary_codes, float_numpy, joined
 from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 from airflow_ray_ml_stages.data.labels import place_rows
-from airflow_ray_ml_stages.data.profile import merge_split_summaries, merge_summaries, split_summaries, summarise_and_split, summarise_batch
+from airflow_ray_ml_stages.data.profile import (merge_split_summaries, merge_summaries, split_summaries,
+                                                summarise_and_split, summarise_batch)
 from airflow_ray_ml_stages.data.schema import ColumnPlan
 from airflow_ray_ml_stages.data.sources import SourceLayout, filesystem_of, reader_path
 from airflow_ray_ml_stages.data.split import SPLIT_COLUMN, SPLITS
