@@ -235,7 +235,7 @@ class Stack:
         """Generated wine data, preprocessed: the preprocess task's XCom the fault DAGs take as conf['data']."""
         data = self.run_stage("generate", {"artifact_dir": f"{self.work}/data", "rows": DATA_ROWS, "seed": 1})
         return self.run_stage("data", {"artifact_dir": f"{self.work}/prep", "source": data["data_uris"],
-                                       "label_range": [0, 10]})
+                                       "label_column": "quality", "label_range": [0, 10]})
 
     def jobs_of(self, dag_id: str, task_id: str) -> list[dict]:
         return [job for job in self.hook().list_jobs()
@@ -257,8 +257,9 @@ class Stack:
 def train_spec(work: str, name: str, prep: dict, config: dict, **extra) -> dict:
     return {"artifact_dir": f"{work}/{name}", "train_uri": prep["split_uris"]["train"],
             "validation_uri": prep["split_uris"]["validation"], "test_uri": prep["split_uris"]["test"],
-            "feature_columns": prep["feature_columns"], "preprocessor_uri": prep["preprocessor_uri"],
-            "data_fingerprint": prep["fingerprint"], "config": config, **extra}
+            "feature_columns": prep["feature_columns"], "label_column": prep["label_column"],
+            "preprocessor_uri": prep["preprocessor_uri"], "data_fingerprint": prep["fingerprint"], "config": config,
+            **extra}
 
 
 def logical_date(index: int) -> datetime:

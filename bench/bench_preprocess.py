@@ -122,7 +122,7 @@ def run_pandas(paths: list[str], out: str) -> dict:
     from airflow_ray_ml_stages.specs import PreprocessSpec
     from airflow_ray_ml_stages.wine import FEATURES, LABEL, TYPE_COLUMN
 
-    spec = PreprocessSpec(artifact_dir=out, source=paths, label_range=[0, 10])
+    spec = PreprocessSpec(artifact_dir=out, source=paths, label_column=LABEL, label_range=[0, 10])
     _mark("STARTED")
     started = time.perf_counter()
     digest = hashlib.sha256()  # the input fingerprint, as the stage computes it
@@ -208,8 +208,9 @@ def wait_job(client, job: str) -> str:
 
 def measure_stage(client, cluster, paths: list[str], out: Path, **fields) -> dict:
     from airflow_ray_ml_stages.localcluster import session_pids
+    from airflow_ray_ml_stages.wine import LABEL
 
-    spec = {"artifact_dir": str(out), "source": paths, "label_range": [0, 10], **fields}
+    spec = {"artifact_dir": str(out), "source": paths, "label_column": LABEL, "label_range": [0, 10], **fields}
     manifest = out / "manifest.json"
     sampler = PeakSampler(lambda: session_pids(cluster.leader_pids[0]))
     started = time.perf_counter()

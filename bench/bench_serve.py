@@ -113,12 +113,12 @@ def main() -> int:
         client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
         data = run_stage(client, "generate", {"artifact_dir": f"{work}/data", "rows": 3000, "seed": 1})
         prep = run_stage(client, "data", {"artifact_dir": f"{work}/prep", "source": data["data_uris"],
-                                          "label_range": [0, 10]})
+                                          "label_column": wine.LABEL, "label_range": [0, 10]})
         model = run_stage(client, "train", {
             "artifact_dir": f"{work}/train", "train_uri": prep["split_uris"]["train"],
             "validation_uri": prep["split_uris"]["validation"], "test_uri": prep["split_uris"]["test"],
-            "feature_columns": prep["feature_columns"], "preprocessor_uri": prep["preprocessor_uri"],
-            "config": {"family": "xgboost", "num_boost_round": 50}})
+            "feature_columns": prep["feature_columns"], "label_column": prep["label_column"],
+            "preprocessor_uri": prep["preprocessor_uri"], "config": {"family": "xgboost", "num_boost_round": 50}})
 
         operator = RayServeDeployOperator(task_id="deploy", model=model)
         config = operator._with_app(operator._start_defaults(), [], operator._app_config(model, {}, "bench_serve"))

@@ -38,6 +38,7 @@ def tune(client, work: Path, data: dict, **spec_fields) -> tuple[float, dict]:
     artifact_dir = work / f"run-{time.monotonic_ns()}"
     spec = {"artifact_dir": str(artifact_dir), "train_uri": data["split_uris"]["train"],
             "validation_uri": data["split_uris"]["validation"], "feature_columns": data["feature_columns"],
+            "label_column": data["label_column"],
             "preprocessor_uri": data["preprocessor_uri"], "preprocessor_variants": data["preprocessor_variants"],
             **spec_fields}
     started = time.monotonic()

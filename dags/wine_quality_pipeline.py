@@ -57,7 +57,7 @@ from airflow_ray_ml_stages.specs import (
     TuneSpec,
 )
 from airflow_ray_ml_stages.train.config import FAMILIES
-from airflow_ray_ml_stages.wine import QUALITY_RANGE
+from airflow_ray_ml_stages.wine import LABEL, QUALITY_RANGE
 
 DEMO_ROWS = 6497  # the size of the published data set
 DEMO_SEED = 7
@@ -118,7 +118,7 @@ with DAG(
             None, type=["null", "array"], items={"type": "string"}, title="Data files",
             description="Your CSV or Parquet files or URLs, one per line (blank lines are ignored). "
                         "Empty: the generated demo data."),
-        "label_column": Param(PreprocessSpec.label_column, type="string", pattern=r"\S", title="Label column",
+        "label_column": Param(LABEL, type="string", pattern=r"\S", title="Label column",
                               description="The column to predict"),
         "task": Param(PreprocessSpec.task, type="string", enum=list(TASKS), title="Task",
                       description="regression: predict the label's value; classification: predict its class "

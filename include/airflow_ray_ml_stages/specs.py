@@ -185,13 +185,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
+def _require_label_column(owner: str, value: Any) -> None:
+    """``label_column`` has no default: the library knows no table, so the caller names the label."""
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(f"{owner}.label_column is required: the column to predict (label_column='<column>'); "
+                        f"got {value!r}")
+
+
 @dataclasses.dataclass
 class PreprocessSpec(StageSpec):
     """Spec of the ``data`` stage: validate, split, fit a scaler on the train split, write Parquet.
 
     :param source: the input files: CSV (comma, or the UCI semicolon layout) or Parquet; local
         paths, ``file://``, ``s3://``, ``gs://`` or ``http(s)://``. Files read together share a schema.
-    :param label_column: the column to predict.
+    :param label_column: the column to predict; required (no default).
     :param task: ``regression`` (a numeric label, predicted as a number) or ``classification``
         (integer or text labels, each value a class; the splits hold each row's class index and
         the preprocessor lists the classes; the split is stratified by class).
@@ -224,7 +231,7 @@ class PreprocessSpec(StageSpec):
 
     stage: ClassVar[str] = "data"
     source: list[str] = dataclasses.field(default_factory=list)
-    label_column: str = "quality"
+    label_column: str = ""  # required: the empty default only keeps the field order valid
     task: str = "regression"
     label_threshold: float | None = None
     feature_columns: list[str] | None = None
@@ -248,7 +255,7 @@ class PreprocessSpec(StageSpec):
         if isinstance(self.source, str):  # one URI is a list of one
             self.source = [self.source]
         _require_str_list(owner, "source", self.source, allow_none=False, allow_empty=False)
-        require_non_empty(owner, "label_column", self.label_column)
+        _require_label_column(owner, self.label_column)
         require_choice(owner, "task", self.task, TASKS)
         if self.label_threshold is not None:
             if not _is_number(self.label_threshold) or self.label_threshold in (float("inf"), float("-inf")):
@@ -361,7 +368,7 @@ class TrainSpec(StageSpec):
     :param validation_uri: the validation split (early stopping and validation metrics).
     :param test_uri: the held-out test split (the model card's test metrics).
     :param feature_columns: the numeric feature columns, in the order the model takes them.
-    :param label_column: the column to predict.
+    :param label_column: the column to predict; required (no default).
     :param classes: classification: the label's classes from the preprocess manifest (the splits
         hold class indexes into them); None: regression.
     :param preprocessor_uri: the preprocessor the splits were written with (its JSON), copied
@@ -402,7 +409,7 @@ class TrainSpec(StageSpec):
     validation_uri: str = ""
     test_uri: str = ""
     feature_columns: list[str] = dataclasses.field(default_factory=list)
-    label_column: str = "quality"
+    label_column: str = ""  # required: the empty default only keeps the field order valid
     classes: list[Any] | None = None
     preprocessor_uri: str | None = None
     preprocessor_variants: dict[str, str] | None = None
@@ -422,8 +429,9 @@ class TrainSpec(StageSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("train_uri", "validation_uri", "test_uri", "label_column", "model_subdir"):
+        for name in ("train_uri", "validation_uri", "test_uri", "model_subdir"):
             require_non_empty("TrainSpec", name, getattr(self, name))
+        _require_label_column("TrainSpec", self.label_column)
         if not isinstance(self.feature_columns, list) or not self.feature_columns or any(
             not isinstance(column, str) or not column for column in self.feature_columns
         ):
@@ -576,7 +584,7 @@ class TuneSpec(StageSpec):
     :param validation_uri: the validation split: every trial is scored on it. The test split is
         not an input: it is never used for choosing.
     :param feature_columns: the feature columns, in the order the models take them.
-    :param label_column: the column to predict.
+    :param label_column: the column to predict; required (no default).
     :param classes: classification: the label's classes from the preprocess manifest; None: regression.
     :param preprocessor_uri: the preprocessor the splits were written with; None: the data is used
         as written, and the search space may not ask for a scaler.
@@ -611,7 +619,7 @@ class TuneSpec(StageSpec):
     train_uri: str = ""
     validation_uri: str = ""
     feature_columns: list[str] = dataclasses.field(default_factory=list)
-    label_column: str = "quality"
+    label_column: str = ""  # required: the empty default only keeps the field order valid
     classes: list[Any] | None = None
     preprocessor_uri: str | None = None
     preprocessor_variants: dict[str, str] | None = None
@@ -636,8 +644,9 @@ class TuneSpec(StageSpec):
         owner = "TuneSpec"
         if not isinstance(self.reuse_actors, bool):
             raise SpecError(f"{owner}.reuse_actors must be true or false, got {self.reuse_actors!r}")
-        for name in ("train_uri", "validation_uri", "label_column"):
+        for name in ("train_uri", "validation_uri"):
             require_non_empty(owner, name, getattr(self, name))
+        _require_label_column(owner, self.label_column)
         if not isinstance(self.feature_columns, list) or not self.feature_columns or any(
             not isinstance(column, str) or not column for column in self.feature_columns
         ):

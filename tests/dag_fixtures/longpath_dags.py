@@ -19,7 +19,8 @@ with DAG(dag_id="longpath_serve", schedule=None, start_date=datetime(2026, 1, 1)
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 600, "seed": 5},
                           ray_conn_id=CONN_ID, poll_interval_s=0.3)
     preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
-                                           label_range=[0, 10], seed=3, ray_conn_id=CONN_ID, poll_interval_s=0.3)
+                                           label_column="quality", label_range=[0, 10], seed=3,
+                                           ray_conn_id=CONN_ID, poll_interval_s=0.3)
     train = RayTrainOperator(
         task_id="train", config={"family": "xgboost", "num_boost_round": 5, "eta": 0.3, "max_depth": 3},
         ray_conn_id=CONN_ID, poll_interval_s=0.3, data=preprocess.output,

@@ -18,7 +18,8 @@ with DAG(dag_id="score_model", schedule=None, start_date=START, catchup=False,
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 1500, "seed": 5},
                           poll_interval_s=0.3)
     preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
-                                           label_range=[0, 10], seed=2, poll_interval_s=0.3)
+                                           label_column="quality", label_range=[0, 10], seed=2,
+                                           poll_interval_s=0.3)
     # The published UCI layout without the quality column: the type comes from the file names.
     new_wines = RayJobOperator(task_id="new_wines", stage="generate", poll_interval_s=0.3,
                                spec={"rows": 700, "seed": 99, "file_format": "uci", "with_label": False})

@@ -24,7 +24,8 @@ with DAG(dag_id="serve_models", schedule=None, start_date=START, catchup=False,
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 2000, "seed": 11},
                           poll_interval_s=0.3)
     preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
-                                           label_range=[0, 10], seed=3, poll_interval_s=0.3)
+                                           label_column="quality", label_range=[0, 10], seed=3,
+                                           poll_interval_s=0.3)
     for name, config in MODELS.items():
         RayTrainOperator(task_id=f"train_{name}", config=config, poll_interval_s=0.3, data=preprocess.output)
 

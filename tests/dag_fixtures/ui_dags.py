@@ -31,7 +31,8 @@ with DAG(dag_id="ray_ml_page_serve", schedule=None, start_date=START, catchup=Fa
     data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 1200, "seed": 5},
                           poll_interval_s=0.3)
     preprocess = RayDataPreprocessOperator(task_id="preprocess", source=data.output["data_uris"],
-                                           label_range=[0, 10], seed=3, poll_interval_s=0.3)
+                                           label_column="quality", label_range=[0, 10], seed=3,
+                                           poll_interval_s=0.3)
     tune = RayTuneOperator(
         task_id="tune", data=preprocess.output, num_samples=4, poll_interval_s=0.3,
         search_space={"family": {"choice": ["xgboost", "lightning"]}, "scaler": {"choice": ["standard", "minmax"]},

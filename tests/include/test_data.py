@@ -97,8 +97,10 @@ def test_direct_engine_in_a_fresh_process_needs_neither_pandas_nor_pyarrow_compu
     text = frame.head(40).astype({"alcohol": str})
     text.loc[7, "alcohol"] = "twelve"
     text.to_parquet(tmp_path / "text.parquet", index=False)
-    specs = {"csv": {"source": [str(tmp_path / "wine.csv")], "artifact_dir": str(tmp_path / "out-csv"), "seed": SEED},
+    specs = {"csv": {"source": [str(tmp_path / "wine.csv")], "artifact_dir": str(tmp_path / "out-csv"), "seed": SEED,
+                     "label_column": wine.LABEL},
              "text": {"source": [str(tmp_path / "text.parquet")], "artifact_dir": str(tmp_path / "out-text"),
+                      "label_column": wine.LABEL,
                       "categorical_columns": [wine.TYPE_COLUMN]}}  # else a text column is categorical
     done = subprocess.run([sys.executable, "-c", FRESH_RUN, json.dumps(specs)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
@@ -202,12 +204,13 @@ def test_preprocessor_json_with_wrong_format_is_refused():
 )
 def test_preprocess_spec_bad_value_is_quoted(fields, quoted):
     with pytest.raises(SpecError) as raised:
-        PreprocessSpec(**{"artifact_dir": "/tmp/a", "source": ["/x.csv"], **fields})
+        PreprocessSpec(**{"artifact_dir": "/tmp/a", "source": ["/x.csv"], "label_column": wine.LABEL, **fields})
     assert quoted in str(raised.value)
 
 
 def test_preprocess_spec_round_trips_and_takes_one_source_string():
-    spec = PreprocessSpec(artifact_dir="/tmp/a", source="/x.csv", label_range=[3, 9], scaler="minmax")
+    spec = PreprocessSpec(artifact_dir="/tmp/a", source="/x.csv", label_column=wine.LABEL, label_range=[3, 9],
+                          scaler="minmax")
     assert spec.source == ["/x.csv"]
     assert PreprocessSpec.from_json(spec.to_json()) == spec
 
@@ -317,6 +320,7 @@ def runs(ray_cluster, frame, tmp_path_factory):
         specs[f"invalid_{name}_ray_data"] = {"source": inputs[file], "seed": SEED, "engine": "ray_data", **fields}
     for name, fields in specs.items():
         fields["artifact_dir"] = str(folder / "out" / name)
+        fields["label_column"] = wine.LABEL
     (folder / "specs.json").write_text(json.dumps(specs))
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "RAY_AUTH_TOKEN": ray_cluster.token,
            "RAY_AUTH_MODE": "token", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}

@@ -173,7 +173,7 @@ def wine_csv(tmp_path_factory):
 
 def test_classification_integer_label_gives_its_grades_as_sorted_integer_classes(wine_csv, tmp_path):
     path, frame = wine_csv
-    result = run_preprocess(_spec(tmp_path, "grades", path, label_range=[0, 10]))
+    result = run_preprocess(_spec(tmp_path, "grades", path, label_column=wine.LABEL, label_range=[0, 10]))
     grades = sorted(int(v) for v in frame["quality"].unique())
     assert result.classes == grades and all(type(c) is int for c in result.classes)
     assert json.loads(json.dumps(result.to_dict()))["classes"] == grades  # JSON integers
@@ -189,7 +189,8 @@ def test_classification_integer_label_gives_its_grades_as_sorted_integer_classes
 
 def test_classification_label_threshold_gives_two_classes_from_the_raw_label(wine_csv, tmp_path):
     path, frame = wine_csv
-    result = run_preprocess(_spec(tmp_path, "good", path, label_threshold=7, label_range=[0, 10]))
+    result = run_preprocess(_spec(tmp_path, "good", path, label_column=wine.LABEL, label_threshold=7,
+                                  label_range=[0, 10]))
     assert result.classes == [0, 1]
     written = pd.concat([_written(result, name) for name in SPLITS])
     assert written["quality"].value_counts().to_dict() == (frame["quality"] >= 7).astype(int).value_counts().to_dict()
@@ -199,7 +200,8 @@ def test_classification_label_threshold_gives_two_classes_from_the_raw_label(win
     # label_range checks the raw label, before the threshold.
     frame.assign(quality=frame["quality"].where(frame.index != 5, 42)).to_csv(tmp_path / "range.csv", index=False)
     with pytest.raises(DataSourceError, match=r"outside label_range \[0, 10\]"):
-        run_preprocess(_spec(tmp_path, "range", tmp_path / "range.csv", label_threshold=7, label_range=[0, 10]))
+        run_preprocess(_spec(tmp_path, "range", tmp_path / "range.csv", label_column=wine.LABEL, label_threshold=7,
+                             label_range=[0, 10]))
 
 
 # -- bad labels ----------------------------------------------------------------------------------
@@ -266,8 +268,8 @@ json.dump(outcomes, open(sys.argv[2], "w"))
 @pytest.mark.integration
 def test_classification_ray_data_and_direct_engines_write_the_same_splits(ray_cluster, text_csv, wine_csv, tmp_path):
     cases = {"text": {"source": [str(text_csv[0])], "label_column": "outcome"},
-             "grades": {"source": [str(wine_csv[0])]},
-             "threshold": {"source": [str(wine_csv[0])], "label_threshold": 7},
+             "grades": {"source": [str(wine_csv[0])], "label_column": wine.LABEL},
+             "threshold": {"source": [str(wine_csv[0])], "label_column": wine.LABEL, "label_threshold": 7},
              "bad": {"source": [str(_bad_frame(tmp_path, "bad.csv", np.resize([5.0, 5.5], 300)))],
                      "label_column": "label"}}
     specs = {}

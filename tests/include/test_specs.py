@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_ray_ml_stages.errors import SpecError
-from airflow_ray_ml_stages.specs import GenerateResult, GenerateSpec
+from airflow_ray_ml_stages.specs import GenerateResult, GenerateSpec, PreprocessSpec, TrainSpec, TuneSpec
 
 
 def test_spec_json_round_trip_keeps_every_field():
@@ -59,3 +59,18 @@ def test_generate_spec_rejects_a_path_as_file_name():
         GenerateSpec(artifact_dir="/tmp/x", name="../elsewhere")
     with pytest.raises(SpecError, match="with_label must be true or false"):
         GenerateSpec(artifact_dir="/tmp/x", with_label="no")
+
+
+@pytest.mark.parametrize(("spec_type", "fields"), [
+    (PreprocessSpec, {"source": ["/x.csv"]}),
+    (TuneSpec, {"train_uri": "/d/t", "validation_uri": "/d/v", "feature_columns": ["a"], "preprocessor_uri": "/d/p"}),
+    (TrainSpec, {"train_uri": "/d/t", "validation_uri": "/d/v", "test_uri": "/d/e", "feature_columns": ["a"]}),
+])
+@pytest.mark.parametrize("given", [{}, {"label_column": ""}, {"label_column": "  "}, {"label_column": None}])
+def test_spec_without_label_column_says_it_is_required_and_what_it_is(spec_type, fields, given):
+    with pytest.raises(SpecError) as caught:
+        spec_type.from_dict({"artifact_dir": "/tmp/a", **fields, **given})
+    got = repr(given.get("label_column", ""))
+    assert str(caught.value) == (f"{spec_type.__name__}.label_column is required: the column to predict "
+                                 f"(label_column='<column>'); got {got}")
+    assert spec_type.from_dict({"artifact_dir": "/tmp/a", **fields, "label_column": "price"}).label_column == "price"

@@ -24,7 +24,7 @@ from airflow_ray_ml_stages.train.sizing import plan_workers
 from airflow_ray_ml_stages.train.stage import run_training
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
-        "test_uri": "/d/test.parquet", "feature_columns": ["x1", "x2", "x3"]}
+        "test_uri": "/d/test.parquet", "feature_columns": ["x1", "x2", "x3"], "label_column": "y"}
 GPU = {"use_gpu": True, "gpus_per_worker": 1, "num_workers": 2, "cpus_per_worker": 1.5, "accelerator": "gpu",
        "reason": "2 GPUs"}
 

@@ -17,7 +17,7 @@ from airflow_ray_ml_stages.train.splits import scaler_plan
 from airflow_ray_ml_stages.tune import leaderboard_csv, plot_leaderboard, sort_rows
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train", "validation_uri": "/d/validation",
-        "feature_columns": ["x1", "x2"], "preprocessor_uri": "/d/p.json"}
+        "feature_columns": ["x1", "x2"], "label_column": "y", "preprocessor_uri": "/d/p.json"}
 
 
 def test_default_space_spans_both_families_and_scalers_and_every_bound_trains():

@@ -267,6 +267,12 @@ def test_train_operator_text_rendered_arguments_build_a_valid_spec(tmp_path):
         {"ti": _TI(), "run_id": "r1"})["num_workers"] is None
 
 
+def test_train_operator_takes_the_label_column_from_the_preprocess_xcom(tmp_path):
+    operator = _operator(data={**PREPROCESSED, "label_column": "rent"}, artifact_root=str(tmp_path))
+    assert operator.full_spec({"ti": _TI(), "run_id": "r1"})["label_column"] == "rent"
+    assert "label_column" not in RayTrainOperator.spec_arguments  # named once, at the preprocess task
+
+
 def test_train_operator_without_the_preprocess_xcom_says_what_to_pass(tmp_path):
     operator = _operator(data={"split_uris": {"train": "/d/train"}}, artifact_root=str(tmp_path))
     with pytest.raises(RayOperatorError, match=r"data lacks \['validation_uri', 'test_uri', 'feature_columns'.*"
