@@ -120,7 +120,9 @@ def main() -> int:
             "feature_columns": prep["feature_columns"], "label_column": prep["label_column"],
             "preprocessor_uri": prep["preprocessor_uri"], "config": {"family": "xgboost", "num_boost_round": 50}})
 
-        operator = RayServeDeployOperator(task_id="deploy", model=model)
+        # outside a DAG there is no DAG id to name the application after
+        operator = RayServeDeployOperator(task_id="deploy", model=model, app_name="bench-serve",
+                                          route_prefix="/bench-serve")
         config = operator._with_app(operator._start_defaults(), [], operator._app_config(model, {}, "bench_serve"))
         operator.hook.put_serve_applications(config)
         operator._wait_for_version(model["model_version"], time.monotonic() + 180)

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"  # kept equal to airflow_ray_ml_stages.serve.APP_IMPORT_PATH by a test
 DEPLOYMENT_NAME = "ModelServer"
-APP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+APP_NAME_MAX_LENGTH = 63
+APP_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{APP_NAME_MAX_LENGTH - 1}}}")
 ROUTE_PREFIX = re.compile(r"/(?:[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*)?")
 # The key of the deployment's user_config that names the DAG owning the application. Serve keeps
 # user_config as given and returns it in deployed_app_config; the replicas ignore the key.
@@ -56,6 +57,20 @@ SERVE_START_DEFAULTS: dict[str, Any] = {"proxy_location": "HeadOnly", "http_opti
 
 # The task XCom that holds a deploy's or a rollback's decision (action, versions, metrics, reason).
 DECISION_XCOM_KEY = "decision"
+
+
+def app_name_for_dag(dag_id: str) -> str:
+    """The Serve application of a deploy that names none: its DAG's id, made a valid ``APP_NAME``.
+
+    Each run of characters a name may not hold becomes one ``-``, leading ``.``, ``_`` and ``-``
+    are dropped (a name starts with a letter or digit), and the rest is cut to
+    ``APP_NAME_MAX_LENGTH`` characters: DAG ``"_ventes.prévisions"`` gets ``"ventes.pr-visions"``.
+    """
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", dag_id).lstrip("._-")[:APP_NAME_MAX_LENGTH]
+    if not APP_NAME.fullmatch(name):
+        raise InvalidSpecError(f"no Serve application name can be made from DAG id {dag_id!r} (it needs a letter "
+                               "or digit); pass app_name= to RayServeDeployOperator")
+    return name
 
 
 def serving_dir(artifact_root: str | None, app_name: str) -> str:
@@ -184,7 +199,8 @@ class ServeApplicationOperator(BaseOperator):
     """What every operator that changes one Serve application shares: the connection, the
     application's serving directory and history, its endpoint, and the config it PUTs.
 
-    :param app_name: the Serve application: letters, digits, ``.``, ``_``, ``-``. (templated)
+    :param app_name: the Serve application: letters, digits, ``.``, ``_``, ``-``; None only where the
+        subclass derives it before use. (templated)
     :param api_key_conn_id: a connection whose password is the endpoint's API key; none: no key.
     :param ready_timeout_s: how long a new version may take to answer.
     :param ray_conn_id: the ``ray`` connection.
@@ -194,7 +210,7 @@ class ServeApplicationOperator(BaseOperator):
     def __init__(
         self,
         *,
-        app_name: str,
+        app_name: str | None,
         api_key_conn_id: str | None = None,
         ready_timeout_s: float = 180.0,
         ray_conn_id: str = RayHook.default_conn_name,
@@ -310,9 +326,10 @@ class RayServeDeployOperator(ServeApplicationOperator):
         features the endpoint takes, for the smoke test and for scoring a champion that was evaluated
         on other data. (The model's own preprocessor may use another scaler.) (templated)
     :param compute: the GPUProbe compute spec; GPU replicas get a fraction of a GPU. (templated)
-    :param app_name: the Serve application (one per model name): letters, digits, ``.``, ``_``, ``-``.
-        (templated)
-    :param route_prefix: the endpoint's path, e.g. ``/wine``. (templated)
+    :param app_name: the Serve application (one per model name): letters, digits, ``.``, ``_``, ``-``,
+        starting with a letter or digit. None or empty: the DAG's id made one (other characters become
+        ``-``, cut to 63), so each DAG serves its own application. (templated)
+    :param route_prefix: the endpoint's path, e.g. ``/sales``. None or empty: ``/<app_name>``. (templated)
     :param metric: the test metric compared, one of the model's task: ``rmse``, ``mae`` (lower is
         better), ``acc_0_5``, ``acc_1_0`` (regression); ``log_loss`` (lower is better), ``accuracy``,
         ``macro_f1`` (classification). None: ``rmse`` for regression, ``log_loss`` for classification.
@@ -348,8 +365,8 @@ class RayServeDeployOperator(ServeApplicationOperator):
         model: dict[str, Any] | str,
         data: dict[str, Any] | str | None = None,
         compute: dict[str, Any] | str | None = None,
-        app_name: str = "wine-quality",
-        route_prefix: str = "/wine",
+        app_name: str | None = None,
+        route_prefix: str | None = None,
         metric: str | None = None,
         min_improvement: float = 0.0,
         force: bool = False,
@@ -519,10 +536,22 @@ class RayServeDeployOperator(ServeApplicationOperator):
     # -- the task -------------------------------------------------------------------------------
 
     def check_endpoint_names(self) -> None:
-        """The application name and route as Serve and the serving history's path accept them."""
+        """The application name and route, those not given derived, as Serve and the serving history's path accept them.
+
+        A deploy serves the model its own DAG trained, so an ``app_name`` left out (None or empty,
+        also as rendered) is the DAG's id made a valid name (:func:`app_name_for_dag`), and a
+        ``route_prefix`` left out is ``/<app_name>``.
+        """
+        if coerce_value(self.app_name, str | None, f"{self.task_id}.app_name") is None:
+            if not self.has_dag():
+                raise InvalidSpecError(f"task {self.task_id!r} is in no DAG to name its Serve application after; "
+                                       "pass app_name= (and route_prefix=)")
+            self.app_name = app_name_for_dag(self.dag_id)
         self.check_app_name()
+        if coerce_value(self.route_prefix, str | None, f"{self.task_id}.route_prefix") is None:
+            self.route_prefix = f"/{self.app_name}"
         if not isinstance(self.route_prefix, str) or not ROUTE_PREFIX.fullmatch(self.route_prefix):
-            raise InvalidSpecError(f"route_prefix must be a path such as '/wine' (letters, digits, '.', '_', '-', "
+            raise InvalidSpecError(f"route_prefix must be a path such as '/sales' (letters, digits, '.', '_', '-', "
                                    f"'/'), got {self.route_prefix!r}")
 
     def coerce_settings(self) -> None:

@@ -48,8 +48,9 @@ serve_deploy = _deploy_dag("serve_deploy", app_name="wine-test", route_prefix="/
                            retry_delay=timedelta(seconds=1))
 serve_deploy_keyed = _deploy_dag("serve_deploy_keyed", app_name="wine-keyed", route_prefix="/keyed",
                                  api_key_conn_id="serve_api_key")
-# The request and binding checks get an application of their own, so they need no other test's.
-serve_deploy_requests = _deploy_dag("serve_deploy_requests", app_name="wine-requests", route_prefix="/requests")
+# The request and binding checks get an application of their own, so they need no other test's. It
+# names neither: the application and route are the ones derived from the DAG id.
+serve_deploy_requests = _deploy_dag("serve_deploy_requests")
 # Two DAGs on one application: the second is refused unless the run conf allows the takeover. A
 # retry is allowed, so a refusal that were retried would show as a second try.
 _SHARED = {"app_name": "wine-shared", "route_prefix": "/shared", "retries": 1, "retry_delay": timedelta(seconds=1),

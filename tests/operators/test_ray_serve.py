@@ -12,12 +12,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import requests
 
+from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_ray_ml.errors import ServeAppOwnershipError
+from airflow_ray_ml.errors import InvalidSpecError, ServeAppOwnershipError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.ray_serve import (
-    APP_IMPORT_PATH, OWNER_KEY, SERVE_START_DEFAULTS, app_owner, check_ownership, gate, instance_settings,
+    APP_IMPORT_PATH, OWNER_KEY, SERVE_START_DEFAULTS, RayServeDeployOperator, app_owner, check_ownership, gate,
+    instance_settings,
 )
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import load_dag
@@ -89,14 +91,21 @@ def _served_version(prefix: str = "/wine-test", **headers) -> str:
     return requests.get(f"{_endpoint(prefix)}/health", headers=headers, timeout=10).json()["model_version"]
 
 
+# serve_deploy_requests names no application or route: both are derived from its DAG id.
+REQUESTS_ROUTE = "/serve_deploy_requests"
+
+
 def _ensure_deployed(trained: dict, data: dict) -> None:
     """Deploy the good model to the request checks' own application unless it answers already."""
     try:
-        if requests.get(f"{_endpoint('/requests')}/health", timeout=10).status_code == 200:
+        if requests.get(f"{_endpoint(REQUESTS_ROUTE)}/health", timeout=10).status_code == 200:
             return
     except requests.RequestException:
         pass
-    assert _deploy("serve_deploy_requests", model=trained["good"], data=data)[1] == "success"
+    dag_run, state = _deploy("serve_deploy_requests", model=trained["good"], data=data)
+    assert state == "success"
+    assert _xcom(dag_run, "deploy")["endpoint"] == _endpoint(REQUESTS_ROUTE)
+    assert "serve_deploy_requests" in RayHook().get_serve_applications()["applications"]
 
 
 def _history(app: str = "wine-test") -> list[dict]:
@@ -195,17 +204,17 @@ def test_serve_malformed_requests_get_4xx_with_field_messages(models):
         "no instances key": {"rows": [row]},
     }
     for name, body in cases.items():
-        reply = requests.post(f"{_endpoint('/requests')}/predict", json=body, timeout=30)
+        reply = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", json=body, timeout=30)
         assert 400 <= reply.status_code < 500, (name, reply.status_code, reply.text[:200])
         assert reply.json()["detail"], name
-    not_json = requests.post(f"{_endpoint('/requests')}/predict", data="{",
+    not_json = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", data="{",
                              headers={"content-type": "application/json"}, timeout=10)
     assert 400 <= not_json.status_code < 500
-    detail = requests.post(f"{_endpoint('/requests')}/predict", json=cases["missing feature"],
+    detail = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", json=cases["missing feature"],
                            timeout=10).json()["detail"]
     assert detail[0]["loc"][-1] == "alcohol" and "missing" in detail[0]["msg"]
     # Rows as lists are refused: they depend on the served model's column order (serve-deploy.md).
-    ordered = requests.post(f"{_endpoint('/requests')}/predict", json={"instances": [list(row.values())]},
+    ordered = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", json={"instances": [list(row.values())]},
                             timeout=10)
     assert ordered.status_code == 422 and ordered.json()["detail"][0]["type"] == "dict_type"
 
@@ -284,6 +293,42 @@ def test_check_ownership_app_not_deployed_by_the_operator_refused_unless_allowed
     with pytest.raises(ServeAppOwnershipError, match="not deployed by RayServeDeployOperator"):
         check_ownership("wine", live_app, "dag_b", allow_takeover=False)
     assert check_ownership("wine", live_app, "dag_b", allow_takeover=True)
+
+
+def _resolved_names(dag_id: str, **kwargs) -> tuple[str, str]:
+    """The app_name and route_prefix of a deploy task in DAG ``dag_id``, resolved as execute resolves
+    them: the templates rendered, then the names checked (those left out derived)."""
+    with DAG(dag_id=dag_id, schedule=None, start_date=datetime(2026, 1, 1)):
+        task = RayServeDeployOperator(task_id="deploy", model={}, **kwargs)
+    task.render_template_fields({"params": {"app": "flats", "route": "/rent/flats", "empty": ""}})
+    task.check_endpoint_names()
+    return task.app_name, task.route_prefix
+
+
+@pytest.mark.parametrize(("dag_id", "app_name"), [
+    ("sales_forecast", "sales_forecast"),
+    ("_nightly.prévisions", "nightly.pr-visions"),    # starts with a letter; a run of others is one '-'
+    ("a" * 200, "a" * 63),                            # cut to the longest name APP_NAME allows
+])
+def test_deploy_without_names_serves_its_dag_id_as_the_app_and_route(dag_id, app_name):
+    assert _resolved_names(dag_id) == (app_name, f"/{app_name}")
+
+
+def test_deploy_names_given_win_and_a_route_left_out_follows_the_app_name():
+    assert _resolved_names("sales", app_name="{{ params.app }}", route_prefix="{{ params.route }}") == (
+        "flats", "/rent/flats")
+    assert _resolved_names("sales", app_name="flats") == ("flats", "/flats")
+    assert _resolved_names("sales", route_prefix="/v2/sales") == ("sales", "/v2/sales")
+    # a Param rendered empty is a name left out
+    assert _resolved_names("sales", app_name="{{ params.empty }}", route_prefix="{{ params.empty }}") == (
+        "sales", "/sales")
+
+
+def test_deploy_without_names_and_no_usable_dag_id_says_to_pass_app_name():
+    with pytest.raises(InvalidSpecError, match=r"from DAG id '___'.*pass app_name="):
+        _resolved_names("___")
+    with pytest.raises(InvalidSpecError, match=r"in no DAG to name its Serve application after; pass app_name="):
+        RayServeDeployOperator(task_id="deploy", model={}).check_endpoint_names()
 
 
 def test_instance_settings_kept_when_live_defaults_when_not_and_asked_for_ones_applied():
