@@ -30,8 +30,11 @@ with DAG(
     max_active_runs=1,  # one change to Serve at a time
     default_args={"retries": 1, "retry_delay": timedelta(seconds=15)},
     params={
-        "app_name": Param("wine-quality", type="string", title="Serve application",
-                          pattern=f"^{APP_NAME.pattern}$", description="The application to change"),
+        # No default: a rollback runs in this DAG, not in the DAG that deployed, so nothing here
+        # says which application to change (the page always names it).
+        "app_name": Param(type="string", title="Serve application", pattern=f"^{APP_NAME.pattern}$",
+                          description="The application to change, as the deploy named it (its DAG's id "
+                                      "unless the deploy set app_name)"),
         "version": Param(None, type=["null", "string"], title="Model version",
                          pattern=f"^({VERSION.pattern})?$",
                          description="The version to serve; empty: the model promoted before the live one"),

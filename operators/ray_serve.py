@@ -251,6 +251,9 @@ class ServeApplicationOperator(BaseOperator):
 
     def check_app_name(self) -> None:
         """The application name as Serve and the serving history's path accept it."""
+        if coerce_value(self.app_name, str | None, f"{self.task_id}.app_name") is None:
+            raise InvalidSpecError(f"task {self.task_id!r}: app_name is required: the Serve application to change "
+                                   f"(pass app_name=, or the Param it renders); got {self.app_name!r}")
         if not isinstance(self.app_name, str) or not APP_NAME.fullmatch(self.app_name):
             raise InvalidSpecError(f"app_name must be letters, digits, '.', '_' or '-' (starting with a letter or "
                                    f"digit), got {self.app_name!r}")

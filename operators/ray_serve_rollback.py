@@ -79,7 +79,8 @@ def check_version(version: str | None) -> str | None:
 class RayServeRollbackOperator(ServeApplicationOperator):
     """Serve an earlier model of ``app_name`` again: the previous one, or the ``version`` given.
 
-    :param app_name: the Serve application. (templated)
+    :param app_name: the Serve application, as the deploy named it; required: a rollback runs in a DAG
+        of its own, so it cannot be derived from the DAG as the deploy's is. (templated)
     :param version: the model version to serve (one that a deploy promoted to this application);
         empty or None: the model promoted before the live one. (templated)
     :param reason: why, in words, kept in the serving history and the task's note. (templated)

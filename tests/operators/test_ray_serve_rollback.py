@@ -17,13 +17,17 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
+from airflow.exceptions import ParamValidationError
+from airflow.sdk import DAG
 
+from airflow_ray_ml.errors import InvalidSpecError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.plugins.decision_notes import decision_text
 from airflow_ray_ml.ray_serve import history_uri, serving_dir
-from airflow_ray_ml.ray_serve_rollback import RollbackError, check_version, previous_version
+from airflow_ray_ml.ray_serve_rollback import RayServeRollbackOperator, RollbackError, check_version, previous_version
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import ROOT, load_dag, serialize_project_dags
+from tests.dags.wine_conf import trigger_params
 from tests.operators.test_ray_serve import train_models
 from tests.plugins.api_server import running_api_server
 
@@ -78,6 +82,23 @@ def test_decision_text_says_what_was_decided_with_versions_metrics_and_why():
     assert first == "Promoted v1: nothing is served yet (test rmse 0.7000)"
     back = decision_text({"action": "rollback", "version": "v1", "from_version": "v2", "reason": "asked by admin"})
     assert back == "Rolled back from v2 to v1: asked by admin"
+
+
+def test_rollback_dag_refuses_a_run_that_names_no_application():
+    """A rollback runs in its own DAG, not the deploying one: nothing there says which application, so
+    the trigger needs one (the page always sends it)."""
+    dag = load_dag(ROLLBACK_DAG, ROOT / "dags")
+    with pytest.raises(ParamValidationError, match="app_name"):
+        trigger_params(dag, {})
+    assert trigger_params(dag, {"app_name": "sales_forecast"})["app_name"] == "sales_forecast"
+
+
+@pytest.mark.parametrize("app_name", ["", "None"])
+def test_rollback_operator_with_an_empty_app_name_says_it_is_required(app_name):
+    with DAG(dag_id="rollback_unit", schedule=None, start_date=datetime(2026, 1, 1)):
+        task = RayServeRollbackOperator(task_id="serve_again", app_name=app_name)
+    with pytest.raises(InvalidSpecError, match=r"app_name is required: the Serve application to change"):
+        task.check_app_name()
 
 
 # -- on a real cluster ------------------------------------------------------------------------------
