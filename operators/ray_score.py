@@ -40,7 +40,9 @@ class RayBatchScoreOperator(StageOperator):
     :param model: which model: a RayTrain XCom (``model=train.output``), an asset event's extra
         (``model_dir``), or a model directory URI. None: the model the Serve application
         ``app_name`` serves now. (templated)
-    :param app_name: the Serve application whose model is used when ``model`` is None. (templated)
+    :param app_name: the Serve application whose model is used when ``model`` is None; then it is
+        required. Scoring runs in a DAG of its own, so it is not derived from the DAG as the
+        deploy's is. (templated)
     """
 
     spec_type: ClassVar[type] = ScoreSpec
@@ -48,7 +50,7 @@ class RayBatchScoreOperator(StageOperator):
     own_template_fields = ("model", "app_name")
     template_fields_renderers = {**StageOperator.template_fields_renderers, "model": "json"}
 
-    def __init__(self, *, model: dict[str, Any] | str | None = None, app_name: str = "wine-quality",
+    def __init__(self, *, model: dict[str, Any] | str | None = None, app_name: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.model = model
@@ -63,7 +65,14 @@ class RayBatchScoreOperator(StageOperator):
             return str(uri)
         if isinstance(model, str) and model.strip():
             return model.strip()
-        return served_model(self.hook, self.app_name)["model_dir"]
+        app_name = coerce_value(self.app_name, str | None, f"{self.task_id}.app_name")
+        if not isinstance(app_name, str) or not app_name.strip():
+            raise InvalidSpecError(
+                f"task {self.task_id!r} has no model to score with: pass model= (a RayTrain XCom, an asset event's "
+                "extra or a model directory URI), or app_name= naming the Serve application whose model to use; "
+                f"got model={self.model!r:.200}, app_name={self.app_name!r}"
+            )
+        return served_model(self.hook, app_name.strip())["model_dir"]
 
     def build_spec(self, context: Context) -> dict[str, Any]:
         if not isinstance(self.input_uri, str) or not self.input_uri.strip():

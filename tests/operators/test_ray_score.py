@@ -1,15 +1,20 @@
-"""The batch-scoring stage and RayBatchScoreOperator on a real local Ray cluster."""
+"""The batch-scoring stage and RayBatchScoreOperator: on a real local Ray cluster, and its checks before any job."""
 
 from __future__ import annotations
 
 import glob
 import os
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from airflow.sdk import DAG
+
+from airflow_ray_ml.errors import InvalidSpecError
+from airflow_ray_ml.ray_score import RayBatchScoreOperator
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.score import default_output
 from airflow_ray_ml_stages.serve import LoadedModel
@@ -17,7 +22,6 @@ from airflow_ray_ml_stages.tables import read_tables
 from tests.conftest import load_dag
 from tests.operators.test_ray_job import _xcom
 
-pytestmark = pytest.mark.integration
 _RUNS = iter(range(1, 1000))
 
 
@@ -49,6 +53,7 @@ def _read_output(uri: str) -> pd.DataFrame:
     return pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
 
 
+@pytest.mark.integration
 def test_scores_a_uci_file_next_to_it_with_the_models_own_predictions(trained):
     model, files = trained
     red = next(f for f in files if f.endswith("winequality-red.csv"))
@@ -75,6 +80,7 @@ def test_scores_a_uci_file_next_to_it_with_the_models_own_predictions(trained):
     assert os.path.getmtime(result["output_uri"]) == first_mtime
 
 
+@pytest.mark.integration
 def test_bad_values_fail_with_the_column_and_leave_no_output(trained, tmp_path):
     model, files = trained
     frame = read_tables([files[0]]).head(50)
@@ -89,6 +95,7 @@ def test_bad_values_fail_with_the_column_and_leave_no_output(trained, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad_wines.csv"]  # neither output nor temporary files
 
 
+@pytest.mark.integration
 def test_missing_columns_and_unknown_models_are_named(trained, tmp_path):
     model, files = trained
     frame = read_tables([files[0]]).drop(columns=["pH"]).head(20)
@@ -109,3 +116,13 @@ def test_default_output_never_names_an_existing_path(tmp_path):
     assert first == str(tmp_path / "wines.predictions-v1")
     os.makedirs(first)
     assert default_output(str(base), "v1") == first + "-2"
+
+
+@pytest.mark.parametrize("model", [None, "{{ dag_run.conf.get('model') }}"])  # as given, and as rendered
+def test_score_without_model_or_app_name_fails_before_any_job_naming_both_fixes(model):
+    with DAG(dag_id="score_unit", schedule=None, start_date=datetime(2026, 1, 1)):
+        score = RayBatchScoreOperator(task_id="score", input_uri="/data/new.csv", model=model)
+    score.render_template_fields({"dag_run": SimpleNamespace(conf={})})
+    with pytest.raises(InvalidSpecError, match=r"task 'score' has no model to score with: pass model= \(a RayTrain "
+                                               r"XCom.*\), or app_name= naming the Serve application"):
+        score.build_spec({})
