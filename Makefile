@@ -1,6 +1,7 @@
 # The two commands: `make run` (the wine pipeline on the embedded local stack) and `make test`.
 # `make run SOURCE=rent.csv LABEL=rent` runs it on your table (served at /rent; APP= names it
-# otherwise); `CONF='{"num_trials": 8}'` sets any other Params.
+# otherwise; TASK=classification predicts the label's classes); `CONF='{"num_trials": 8}'` sets any
+# other Params.
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -10,6 +11,7 @@ CONSTRAINTS := constraints.txt
 CONF ?= {}
 SOURCE ?=
 LABEL ?=
+TASK ?=
 APP ?=
 
 .PHONY: install run stop test test-unit test-gpu clean
@@ -26,7 +28,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 run: $(STAMP)
 	$(BIN)/python scripts/stack.py up
-	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)' --source '$(SOURCE)' --label '$(LABEL)' --app '$(APP)'
+	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)' --source '$(SOURCE)' --label '$(LABEL)' --task '$(TASK)' --app '$(APP)'
 
 stop:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python scripts/stack.py down; else echo "nothing to stop"; fi

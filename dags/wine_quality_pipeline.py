@@ -46,7 +46,7 @@ from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_serve import RayServeDeployOperator
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
-from airflow_ray_ml_stages.constants import SCALERS
+from airflow_ray_ml_stages.constants import SCALERS, TASKS
 from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, search_space_json_schema
 from airflow_ray_ml_stages.specs import (
     PLACEMENT_STRATEGIES,
@@ -120,6 +120,13 @@ with DAG(
                         "Empty: the generated demo data."),
         "label_column": Param(PreprocessSpec.label_column, type="string", pattern=r"\S", title="Label column",
                               description="The column to predict"),
+        "task": Param(PreprocessSpec.task, type="string", enum=list(TASKS), title="Task",
+                      description="regression: predict the label's value; classification: predict its class "
+                                  "(each label value is a class, or two with Class threshold)"),
+        "label_threshold": Param(None, type=["null", "number"], title="Class threshold",
+                                 description="Classification only: two classes, 1 where the label is at least "
+                                             "this and 0 below (7 on the demo: good wine); empty: the label's "
+                                             "values are the classes"),
         "label_min": Param(None, type=["null", "number"], title="Lowest label",
                            description=f"Labels below it fail the run. {RANGE_HELP}"),
         "label_max": Param(None, type=["null", "number"], title="Highest label",
@@ -162,7 +169,8 @@ with DAG(
                              description="The endpoint's path, starting with '/': predictions at "
                                          "<serve URL><route>/predict"),
         "min_improvement": Param(0.0, type="number", minimum=0, title="Minimum improvement", section="Deploy",
-                                 description="How much lower the test RMSE must be to replace the served model"),
+                                 description="How much better the test metric (RMSE, or log loss for "
+                                             "classification) must be to replace the served model"),
         "require_gpu": Param(False, type="boolean", title="Require a GPU", section="Compute",
                              description="Fail instead of falling back to CPU"),
         "wait_for_gpu_s": Param(ProbeSpec.wait_for_gpu_s, type="number", minimum=0, maximum=3600,
@@ -205,6 +213,8 @@ with DAG(
         task_id="preprocess",
         source=files,
         label_column="{{ params.label_column }}",
+        task="{{ params.task }}",
+        label_threshold="{{ params.label_threshold }}",
         scaler="{{ params.scalers[0] }}",
         label_range="{{ label_range(params) }}",  # the DAG's macro, from label_min and label_max
         doc_md="Validate, split and scale the data (pyarrow in the job, or Ray Data across the cluster); "

@@ -34,14 +34,13 @@ from airflow_ray_ml.errors import (
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, TASK_METRICS, direction, task_metrics
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"  # kept equal to airflow_ray_ml_stages.serve.APP_IMPORT_PATH by a test
 DEPLOYMENT_NAME = "ModelServer"
-LOWER_IS_BETTER = {"rmse", "mae"}
 APP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 ROUTE_PREFIX = re.compile(r"/(?:[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*)?")
 # The key of the deployment's user_config that names the DAG owning the application. Serve keeps
@@ -90,7 +89,7 @@ def gate(challenger: float, champion: float | None, metric: str, min_improvement
         return True, "force=True"
     if champion is None:
         return True, "nothing is served yet"
-    lower = metric in LOWER_IS_BETTER
+    lower = direction(metric) == "min"
     gain = champion - challenger if lower else challenger - champion
     verdict = f"challenger {metric} {challenger:.4f} vs champion {champion:.4f} (needs {min_improvement:g} better)"
     return gain >= min_improvement and gain > 0, verdict
@@ -314,7 +313,9 @@ class RayServeDeployOperator(ServeApplicationOperator):
     :param app_name: the Serve application (one per model name): letters, digits, ``.``, ``_``, ``-``.
         (templated)
     :param route_prefix: the endpoint's path, e.g. ``/wine``. (templated)
-    :param metric: the test metric compared: ``rmse``/``mae`` (lower is better) or ``acc_0_5``/``acc_1_0``.
+    :param metric: the test metric compared, one of the model's task: ``rmse``, ``mae`` (lower is
+        better), ``acc_0_5``, ``acc_1_0`` (regression); ``log_loss`` (lower is better), ``accuracy``,
+        ``macro_f1`` (classification). None: ``rmse`` for regression, ``log_loss`` for classification.
     :param min_improvement: how much better (absolute) the challenger must be. (templated)
     :param force: promote whatever the metrics say. (templated)
     :param api_key_conn_id: a connection whose password is the endpoint's API key; none: no key.
@@ -349,7 +350,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         compute: dict[str, Any] | str | None = None,
         app_name: str = "wine-quality",
         route_prefix: str = "/wine",
-        metric: str = "rmse",
+        metric: str | None = None,
         min_improvement: float = 0.0,
         force: bool = False,
         api_key_conn_id: str | None = None,
@@ -445,7 +446,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
     # -- waiting and checking -------------------------------------------------------------------
 
     def _test_rows(self) -> tuple[list[dict[str, Any]], list[float]]:
-        """Raw rows (and labels) of the test split, decoded with the preprocessor that wrote it."""
+        """Raw rows (and labels: values, or class indexes) of the test split, decoded with the preprocessor that wrote it."""
         from airflow_ray_ml_stages.preprocessor import Preprocessor, raw_split_rows
 
         data = self.data if isinstance(self.data, dict) else {}
@@ -455,34 +456,65 @@ class RayServeDeployOperator(ServeApplicationOperator):
                 "data must be the preprocess task's XCom (split_uris['test'] and preprocessor_uri), to smoke-test "
                 f"and compare models: pass data=<preprocess task>.output; got {self.data!r:.200}"
             )
-        rows, labels = raw_split_rows(test_split, Preprocessor.load(data["preprocessor_uri"]))
-        return rows, [float(label) for label in labels]
+        preprocessor = Preprocessor.load(data["preprocessor_uri"])
+        rows, labels = raw_split_rows(test_split, preprocessor)
+        return rows, [float(label) if preprocessor.classes is None else int(label) for label in labels]
 
-    def _smoke_test(self, version: str, rows: list[dict[str, Any]]) -> None:
+    def _smoke_test(self, version: str, rows: list[dict[str, Any]], classes: list[Any] | None) -> None:
         answer = self._predict(rows[: self.smoke_rows])
         predictions = answer.get("predictions") or []
         if answer.get("model_version") != version:
             raise ServeModelRejectedError(f"smoke test answered by version {answer.get('model_version')!r}, "
                                           f"not {version!r}")
-        if len(predictions) != min(self.smoke_rows, len(rows)) or not all(
-                isinstance(p, (int, float)) and math.isfinite(p) for p in predictions):
-            raise ServeModelRejectedError(f"smoke test got unusable predictions: {predictions!r}")
+        count = min(self.smoke_rows, len(rows))
+        if classes is None:
+            usable = len(predictions) == count and all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) for p in predictions)
+        else:
+            probabilities = answer.get("probabilities") or []
+            usable = (len(predictions) == count and all(p in classes for p in predictions)
+                      and len(probabilities) == count
+                      and all(len(row) == len(classes) and abs(sum(row) - 1) < 1e-3 for row in probabilities))
+        if not usable:
+            raise ServeModelRejectedError(f"smoke test got unusable predictions: {answer!r:.500}")
 
-    def _champion_metric(self, challenger: dict[str, Any], rows, labels) -> tuple[float | None, str | None]:
-        """The served model's test metric on the challenger's test split, and its version."""
+    def _champion_metric(self, challenger: dict[str, Any], metric: str, rows,
+                         labels) -> tuple[float | None, str | None, str | None]:
+        """The served model's test metric on the challenger's test split, its version, and its task.
+
+        A champion of another task than the challenger's has no comparable metric (None).
+        """
         health = self._get("/health")
         if health is None or health.status_code != 200:
-            return None, None
+            return None, None, None
         metadata = self._get("/metadata").json()
-        version = metadata.get("model_version")
-        card_metric = ((metadata.get("metrics") or {}).get("test") or {}).get(self.metric)
+        version, task = metadata.get("model_version"), metadata.get("task") or "regression"
+        classes = challenger.get("classes")
+        if task != ("regression" if classes is None else "classification"):
+            return None, version, task
+        card_metric = ((metadata.get("metrics") or {}).get("test") or {}).get(metric)
         if metadata.get("data_fingerprint") == challenger.get("data_fingerprint") and card_metric is not None:
-            return float(card_metric), version
+            return float(card_metric), version, task
         # Evaluated on other data: score the live champion on this test split, over HTTP.
-        predictions: list[float] = []
-        for start in range(0, len(rows), 512):
-            predictions += self._predict(rows[start:start + 512])["predictions"]
-        return regression_metrics(labels, predictions)[self.metric], version
+        answers = [self._predict(rows[start:start + 512]) for start in range(0, len(rows), 512)]
+        if classes is None:
+            predictions = [value for answer in answers for value in answer["predictions"]]
+            return task_metrics(task, labels, predictions)[metric], version, task
+        # The champion's probabilities, per class of the challenger's (a class it does not know: 0).
+        columns = [answer["classes"].index(value) if value in answer["classes"] else None
+                   for answer in answers[:1] for value in classes]
+        probabilities = [[row[column] if column is not None else 0.0 for column in columns]
+                         for answer in answers for row in answer["probabilities"]]
+        return task_metrics(task, labels, probabilities)[metric], version, task
+
+    def task_metric(self, model: dict[str, Any]) -> str:
+        """The metric the gate compares: the operator's, or the model's task's default; checked against the task."""
+        task = "regression" if model.get("classes") is None else "classification"
+        metric = self.metric or DEFAULT_METRIC[task]
+        if metric not in TASK_METRICS[task]:
+            raise InvalidSpecError(f"{self.task_id}.metric {metric!r} is not a {task} metric; the model's task takes "
+                                   f"{list(TASK_METRICS[task])} (or leave metric unset: {DEFAULT_METRIC[task]!r})")
+        return metric
 
     # -- the task -------------------------------------------------------------------------------
 
@@ -518,7 +550,8 @@ class RayServeDeployOperator(ServeApplicationOperator):
             if key not in model:
                 raise InvalidSpecError(f"model must be the RayTrain XCom (model=train.output) with {key!r}; "
                                        f"got {self.model!r:.200}")
-        challenger = float(model["metrics"]["test"][self.metric])
+        metric = self.task_metric(model)
+        challenger = float(model["metrics"]["test"][metric])
         compute = dict(self.compute) if isinstance(self.compute, dict) else {}
         self.hook.check_access()
         dag_id = context["ti"].dag_id
@@ -528,10 +561,12 @@ class RayServeDeployOperator(ServeApplicationOperator):
         record = {"dashboard_url": self.hook.dashboard_url, "endpoint": self.endpoint, "app": self.app_name}
         context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
 
-        champion, champion_version = self._champion_metric(model, rows, labels)
-        promote, why = gate(challenger, champion, self.metric, self.min_improvement, self.force)
+        champion, champion_version, champion_task = self._champion_metric(model, metric, rows, labels)
+        promote, why = gate(challenger, champion, metric, self.min_improvement, self.force)
+        if champion is None and champion_version is not None and not self.force:
+            why = f"the served model {champion_version} is a {champion_task} model: this model's task replaces it"
         summary = {"challenger_version": model["model_version"], "champion_version": champion_version,
-                   "metric": self.metric, "challenger": challenger, "champion": champion, "reason": why}
+                   "metric": metric, "challenger": challenger, "champion": champion, "reason": why}
         if not promote:
             owner = app_owner((self._live_app(state) or {}).get("deployed_app_config"))
             self._record(context, {"action": "kept_champion", "owner": owner, **summary})
@@ -558,7 +593,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         try:
             self.hook.put_serve_applications(config)
             self._wait_for_version(model["model_version"], time.monotonic() + self.ready_timeout_s)
-            self._smoke_test(model["model_version"], rows)
+            self._smoke_test(model["model_version"], rows, model.get("classes"))
         except Exception as err:
             self.log.error("Deploy of %s failed (%s); restoring the previous config", model["model_version"], err)
             self._rollback(live_instance, previous_app, champion_version)

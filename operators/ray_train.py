@@ -18,12 +18,13 @@ class RayTrainOperator(StageOperator):
     artifact directory (a retry of the same task run resumes from the last checkpoint), and writes
     a model directory: the model (tensors-only ``model.pt`` or XGBoost's ``model.ubj``), the
     preprocessor JSON and ``model_card.json``. The XCom holds ``model_dir``, ``family``,
-    ``metrics`` (validation and test: rmse, mae, acc_0_5, acc_1_0), ``baseline``, ``config``,
+    ``metrics`` (validation and test: the task's metrics), ``baseline``, ``config``,
     ``model_version``, ``compute_used`` (with any GPU fallback) and ``training``; hand it to
     ``RayServeDeployOperator(model=train.output)``.
 
     :param data: the preprocess task's XCom (``data=preprocess.output``): the three splits, feature
-        and label columns, the preprocessor the splits were written with and its variants (for a
+        and label columns, the classes (classification), the preprocessor the splits were written with and its
+        variants (for a
         config that names another scaler, as RayTune's best config may), the fingerprint. (templated)
     """
 
@@ -45,12 +46,21 @@ class RayTrainOperator(StageOperator):
         manifest = super().finish(submission_id, artifact_dir, log_offset)
         test, baseline = manifest["metrics"]["test"], manifest["baseline"]
         used = manifest["compute_used"]
-        self.log.info(
-            "Trained %s model %s: test RMSE %.4f (mean-predictor baseline %.4f), MAE %.4f, within 0.5: %.1f%%, "
-            "within 1.0: %.1f%%; model in %s",
-            manifest["family"], manifest["model_version"], test["rmse"], baseline["test_rmse"], test["mae"],
-            100 * test["acc_0_5"], 100 * test["acc_1_0"], manifest["model_dir"],
-        )
+        if manifest.get("classes") is None:
+            self.log.info(
+                "Trained %s model %s: test RMSE %.4f (mean-predictor baseline %.4f), MAE %.4f, within 0.5: %.1f%%, "
+                "within 1.0: %.1f%%; model in %s",
+                manifest["family"], manifest["model_version"], test["rmse"], baseline["test_rmse"], test["mae"],
+                100 * test["acc_0_5"], 100 * test["acc_1_0"], manifest["model_dir"],
+            )
+        else:
+            self.log.info(
+                "Trained %s model %s for %d classes: test log loss %.4f (class-shares baseline %.4f), accuracy "
+                "%.1f%% (baseline %.1f%%), macro F1 %.3f; model in %s",
+                manifest["family"], manifest["model_version"], len(manifest["classes"]), test["log_loss"],
+                baseline["test_log_loss"], 100 * test["accuracy"], 100 * baseline["test_accuracy"], test["macro_f1"],
+                manifest["model_dir"],
+            )
         self.log.info("Compute used: %s worker(s) on %s (%s); %s", used["num_workers"], used["device"],
                       "local mode" if used["local_mode"] else "Ray Train workers", used["sizing_reason"])
         if used.get("gpu_fallback"):

@@ -25,12 +25,13 @@ class RayTuneOperator(StageOperator):
     Each key is also an XCom of its own: ``RayTrainOperator(config=tune.output["best_config"])``.
 
     :param data: the preprocess task's XCom (``data=preprocess.output``): the train and validation
-        splits, feature and label columns, the preprocessor and its variants, the fingerprint. (templated)
+        splits, feature and label columns, the classes (classification), the preprocessor and its variants,
+        the fingerprint. (templated)
     """
 
     spec_type: ClassVar[type] = TuneSpec
     derived_fields = ("train_uri", "validation_uri", "feature_columns", "label_column", "preprocessor_uri",
-                      "preprocessor_variants", "data_fingerprint")
+                      "preprocessor_variants", "data_fingerprint", "classes")
     own_template_fields = ("data",)
     template_fields_renderers = {
         **StageOperator.template_fields_renderers, "data": "json", "search_space": "json", "compute": "json",

@@ -21,7 +21,9 @@ PREPROCESSED_FIELDS: dict[str, tuple[str, ...]] = {
     "preprocessor_uri": ("preprocessor_uri",),
     "preprocessor_variants": ("preprocessor_variants",),
     "data_fingerprint": ("fingerprint",),
+    "classes": ("classes",),
 }
+OPTIONAL_PREPROCESSED = ("preprocessor_variants", "classes")  # None where the data has none (regression: no classes)
 
 
 class StageOperator(RayJobOperator):
@@ -72,7 +74,7 @@ class StageOperator(RayJobOperator):
             for key in PREPROCESSED_FIELDS[name]:
                 value = value.get(key) if isinstance(value, dict) else None
             fields[name] = value
-        missing = [name for name in needed if fields[name] is None and name != "preprocessor_variants"]
+        missing = [name for name in needed if fields[name] is None and name not in OPTIONAL_PREPROCESSED]
         if missing:
             raise InvalidSpecError(
                 f"task {self.task_id!r}: data lacks {missing} (keys {sorted(data)}); pass the preprocess task's "

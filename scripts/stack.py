@@ -315,12 +315,15 @@ def report_leaderboard(client: AirflowClient, run_id: str, top: int = 5) -> None
     print(f"\ntune: {counts.get('total', len(rows))} trials ({counts.get('completed', '?')} completed, "
           f"{counts.get('early_stopped', '?')} stopped early by {tuned.get('scheduler')}, "
           f"{counts.get('failed', '?')} failed) in {tuned.get('time_s', float('nan')):.0f} s; top {top}:")
-    print(f"{'rank':>4} {'family':<10} {'scaler':<9} {'val RMSE':>9} {'val MAE':>8} {'status':<14} config")
+    from airflow_ray_ml_stages.metrics import TASK_METRICS, task_of_metric
+
+    first, second = [f"val_{name}" for name in TASK_METRICS[task_of_metric(tuned["metric"])]][:2]
+    print(f"{'rank':>4} {'family':<10} {'scaler':<9} {first:>12} {second:>12} {'status':<14} config")
     for row in rows[:top]:
         metrics = row.get("metrics") or {}
         config = {k: v for k, v in (row.get("config") or {}).items() if k not in ("family", "scaler")}
         print(f"{row.get('rank', ''):>4} {row.get('family', ''):<10} {row.get('scaler', ''):<9} "
-              f"{metrics.get('val_rmse', float('nan')):>9.4f} {metrics.get('val_mae', float('nan')):>8.4f} "
+              f"{metrics.get(first, float('nan')):>12.4f} {metrics.get(second, float('nan')):>12.4f} "
               f"{row.get('status', ''):<14} {json.dumps(config, sort_keys=True)[:90]}")
     print(f"leaderboard: {tuned['leaderboard_csv_uri']}\nplot: {tuned['plot_uri']}")
 
@@ -330,10 +333,17 @@ def report_model(client: AirflowClient, run_id: str) -> None:
     report_leaderboard(client, run_id)
     model = _xcom(client, run_id, "train")
     if isinstance(model, dict) and model.get("metrics"):
-        test = model["metrics"]["test"]
-        print(f"\nmodel {model.get('model_version')} ({model.get('family')}): test RMSE {test['rmse']:.3f}, "
-              f"MAE {test['mae']:.3f}, within 0.5: {test['acc_0_5']:.1%}, within 1.0: {test['acc_1_0']:.1%} "
-              f"(mean-predictor RMSE {model.get('baseline', {}).get('test_rmse', float('nan')):.3f})")
+        test, baseline = model["metrics"]["test"], model.get("baseline", {})
+        if model.get("classes") is None:
+            print(f"\nmodel {model.get('model_version')} ({model.get('family')}): test RMSE {test['rmse']:.3f}, "
+                  f"MAE {test['mae']:.3f}, within 0.5: {test['acc_0_5']:.1%}, within 1.0: {test['acc_1_0']:.1%} "
+                  f"(mean-predictor RMSE {baseline.get('test_rmse', float('nan')):.3f})")
+        else:
+            print(f"\nmodel {model.get('model_version')} ({model.get('family')}), {len(model['classes'])} classes: "
+                  f"test log loss {test['log_loss']:.3f}, accuracy {test['accuracy']:.1%}, macro F1 "
+                  f"{test['macro_f1']:.3f} (class-shares baseline: log loss "
+                  f"{baseline.get('test_log_loss', float('nan')):.3f}, accuracy "
+                  f"{baseline.get('test_accuracy', float('nan')):.1%})")
     deployed = _xcom(client, run_id, "deploy")
     decision = _xcom(client, run_id, "deploy", key="decision")
     endpoint = _xcom(client, run_id, "deploy", key="serve_endpoint")
@@ -364,7 +374,8 @@ def sample_prediction(endpoint: str, preprocessed: dict) -> tuple[dict, object, 
     preprocessor = Preprocessor.load(preprocessed["preprocessor_uri"])
     rows, labels = raw_split_rows(preprocessed["split_uris"]["test"], preprocessor, limit=1)
     answer = requests.post(f"{endpoint}/predict", json={"instances": rows}, timeout=30)
-    return rows[0], labels[0], answer
+    label = labels[0] if preprocessor.classes is None else preprocessor.classes[int(labels[0])]
+    return rows[0], label, answer
 
 
 def source_param(text: str) -> list[str]:
@@ -384,8 +395,8 @@ def source_param(text: str) -> list[str]:
     return sources
 
 
-def run_conf(conf: dict, source: str = "", label: str = "", app: str = "") -> dict:
-    """The run conf `make run` sends: CONF, with SOURCE, LABEL and APP as the DAG's Params.
+def run_conf(conf: dict, source: str = "", label: str = "", app: str = "", task: str = "") -> dict:
+    """The run conf `make run` sends: CONF, with SOURCE, LABEL, TASK and APP as the DAG's Params.
 
     A label other than the demo's names the Serve application and route too (``LABEL=rent``
     serves at ``/rent``), unless APP or the conf says otherwise, so a model of another table never
@@ -396,6 +407,8 @@ def run_conf(conf: dict, source: str = "", label: str = "", app: str = "") -> di
         conf["source"] = source_param(source)
     if label.strip():
         conf["label_column"] = label.strip()
+    if task.strip():
+        conf["task"] = task.strip()
     app = app.strip() or _app_name_for(conf.get("label_column"))
     if app:
         conf.setdefault("serve_app", app)
@@ -445,6 +458,7 @@ def main() -> int:
     parser.add_argument("--source", default="",
                         help="your data instead of the demo: path(s) or URL(s), comma-separated")
     parser.add_argument("--label", default="", help="the column to predict in your data")
+    parser.add_argument("--task", default="", help="regression or classification (default: the DAG's, regression)")
     parser.add_argument("--app", default="",
                         help="the Serve application and route (/APP); default: the label's name")
     parser.add_argument("--timeout", type=float, default=3600)
@@ -454,7 +468,7 @@ def main() -> int:
     elif args.command == "down":
         down()
     else:
-        return trigger(run_conf(json.loads(args.conf), args.source, args.label, args.app), args.timeout)
+        return trigger(run_conf(json.loads(args.conf), args.source, args.label, args.app, args.task), args.timeout)
     return 0
 
 

@@ -14,8 +14,13 @@ import numpy as np
 from airflow_ray_ml_stages import wine
 
 
-def write_splits(directory: str | Path, rows: int = 6497, seed: int = 7, fractions=(0.7, 0.15)) -> dict:
-    """Write ``train/validation/test.parquet`` and ``preprocessor.json``; return the train spec fields."""
+def write_splits(directory: str | Path, rows: int = 6497, seed: int = 7, fractions=(0.7, 0.15),
+                 classification: bool = False, label_threshold: float | None = None) -> dict:
+    """Write ``train/validation/test.parquet`` and ``preprocessor.json``; return the train spec fields.
+
+    ``classification``: the grades are the classes (or, with ``label_threshold``, grade >= threshold
+    is class 1), and the splits hold class indexes, as the preprocess stage writes them.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     frame = wine.generate(rows=rows, seed=seed)
@@ -23,6 +28,13 @@ def write_splits(directory: str | Path, rows: int = 6497, seed: int = 7, fractio
     frame["type_white"] = (frame[wine.TYPE_COLUMN] == "white").astype("float64")
     frame = frame.drop(columns=[wine.TYPE_COLUMN])
     features = [*wine.FEATURES, "type_red", "type_white"]
+    classes = None
+    if classification:
+        grades = frame[wine.LABEL].to_numpy()
+        if label_threshold is not None:
+            grades = (grades >= label_threshold).astype("int64")
+        classes = sorted(int(value) for value in np.unique(grades))
+        frame[wine.LABEL] = np.searchsorted(classes, grades).astype("int64")
     order = np.random.default_rng(seed).permutation(len(frame))
     n_train, n_validation = int(fractions[0] * len(frame)), int(fractions[1] * len(frame))
     parts = {"train": order[:n_train], "validation": order[n_train:n_train + n_validation],
@@ -34,14 +46,15 @@ def write_splits(directory: str | Path, rows: int = 6497, seed: int = 7, fractio
     for name, index in parts.items():
         part = frame.iloc[index].reset_index(drop=True)
         part[list(wine.FEATURES)] = (part[list(wine.FEATURES)] - mean) / std
-        part[wine.LABEL] = part[wine.LABEL].astype("float64")
+        if not classification:
+            part[wine.LABEL] = part[wine.LABEL].astype("float64")
         path = directory / f"{name}.parquet"
         part.to_parquet(path, index=False)
         uris[f"{name}_uri"] = str(path)
     preprocessor = directory / "preprocessor.json"
     preprocessor.write_text(json.dumps({"features": features, "mean": mean.to_dict(), "std": std.to_dict()}))
     return {**uris, "feature_columns": features, "label_column": wine.LABEL,
-            "preprocessor_uri": str(preprocessor), "data_fingerprint": f"wine-{rows}-{seed}"}
+            "preprocessor_uri": str(preprocessor), "data_fingerprint": f"wine-{rows}-{seed}", "classes": classes}
 
 
 def load_split(uri: str, features: list[str], label: str = wine.LABEL) -> tuple[np.ndarray, np.ndarray]:

@@ -26,3 +26,15 @@ JOB_ENV_VARS = {
 
 SCALERS = ("standard", "minmax", "none")
 """The preprocessor's scalers: what a preprocess spec, a train config or a search space may name."""
+
+TASKS = ("regression", "classification")
+"""What a pipeline predicts: a number (``regression``) or one of the label's classes (``classification``)."""
+
+TASK_METRICS: dict[str, dict[str, str]] = {
+    "regression": {"rmse": "min", "mae": "min", "acc_0_5": "max", "acc_1_0": "max"},
+    "classification": {"log_loss": "min", "accuracy": "max", "macro_f1": "max"},
+}
+"""Each task's metrics (what every evaluation reports) and whether lower or higher is better."""
+
+DEFAULT_METRIC = {"regression": "rmse", "classification": "log_loss"}
+"""The metric a search optimises and the deploy gate compares when none is named."""

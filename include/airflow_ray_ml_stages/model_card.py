@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import TASKS
 from airflow_ray_ml_stages.errors import ArtifactError
 from airflow_ray_ml_stages.train.config import FAMILIES
 
@@ -35,18 +36,25 @@ class ModelCard:
     config: dict[str, Any]
     """Resolved hyperparameters (and ``scaler`` where the config named one)."""
     metrics: dict[str, dict[str, float]]
-    """Per split (``validation``, and ``test`` for a trained model): ``rmse``, ``mae``, ``r2``, ..."""
+    """Per split (``validation``, and ``test`` for a trained model): the task's metrics
+    (:data:`airflow_ray_ml_stages.metrics.TASK_METRICS`)."""
     seed: int
     data_fingerprint: str | None
     """The preprocess stage's fingerprint of the data the model was trained on."""
     preprocessor: str | None
     """The preprocessor's file name in the model directory, or None."""
+    task: str = "regression"
+    """``regression`` or ``classification``."""
+    classes: list[Any] | None = None
+    """Classification: the label's values, in the order of the model's class probabilities."""
     model_version: str | None = None
     """``<family>-<UTC time>-<6 hex>``; a trained model's (not a Tune trial's)."""
     trained_at: str | None = None
     """ISO 8601, UTC."""
     baseline: dict[str, float] | None = None
-    """``test_rmse`` of predicting the training labels' mean, and that mean."""
+    """The test metrics of a model that ignores the features: the training labels' mean (regression,
+    ``test_rmse`` and the mean), or each class's share of them (classification, ``test_log_loss``,
+    ``test_accuracy`` and the shares)."""
     compute: dict[str, Any] | None = None
     """What the run used: GPU or CPU, workers, data loading, the fallback and right-sizing reasons."""
     training: dict[str, Any] | None = None
@@ -73,6 +81,8 @@ class ModelCard:
         missing = [field.name for field in fields if field.default is dataclasses.MISSING and field.name not in data]
         if missing:
             raise ArtifactError(f"{where} lacks field(s) {missing}; was it written by the train or tune stage?")
+        if data.get("task", "regression") not in TASKS:
+            raise ArtifactError(f"{where} names an unknown task {data['task']!r}; expected one of {list(TASKS)}")
         if data["family"] not in FAMILIES:
             raise ArtifactError(f"{where} names an unknown family {data['family']!r}; expected one of {list(FAMILIES)}")
         return cls(**{field.name: data[field.name] for field in fields if field.name in data})

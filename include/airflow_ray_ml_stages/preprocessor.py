@@ -86,6 +86,9 @@ class Preprocessor:
         not seen in training encodes as all zeros.
     :param statistics: per numeric column ``{"mean", "std"}`` or ``{"min", "max"}``.
     :param label_column: the label, kept out of the features.
+    :param task: ``regression`` (the splits hold the label as it is) or ``classification``.
+    :param classes: classification only: the label's values (integers, or strings for a text
+        label), in the order of the class indexes the splits hold as the label.
     """
 
     scaler: str
@@ -93,10 +96,13 @@ class Preprocessor:
     categories: dict[str, list[str]] = field(default_factory=dict)
     statistics: dict[str, dict[str, float]] = field(default_factory=dict)
     label_column: str = ""
+    task: str = "regression"
+    classes: list[Any] | None = None
 
     @classmethod
     def fit(cls, scaler: str, numeric_columns: list[str], moments: Moments,
-            categories: dict[str, list[str]], label_column: str) -> "Preprocessor":
+            categories: dict[str, list[str]], label_column: str, task: str = "regression",
+            classes: list[Any] | None = None) -> "Preprocessor":
         """Build the preprocessor from the training split's moments and categories."""
         statistics: dict[str, dict[str, float]] = {}
         if scaler == "standard":
@@ -105,7 +111,8 @@ class Preprocessor:
         elif scaler == "minmax":
             for index, column in enumerate(numeric_columns):
                 statistics[column] = {"min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
-        return cls(scaler, list(numeric_columns), {k: list(v) for k, v in categories.items()}, statistics, label_column)
+        return cls(scaler, list(numeric_columns), {k: list(v) for k, v in categories.items()}, statistics, label_column,
+                   task, None if classes is None else list(classes))
 
     @property
     def input_columns(self) -> list[str]:
@@ -173,9 +180,12 @@ class Preprocessor:
         return matrix
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "scaler": self.scaler, "numeric_columns": self.numeric_columns,
+        data = {"format": FORMAT, "scaler": self.scaler, "numeric_columns": self.numeric_columns,
                 "categories": self.categories, "statistics": self.statistics,
-                "label_column": self.label_column, "output_columns": self.output_columns}
+                "label_column": self.label_column, "output_columns": self.output_columns, "task": self.task}
+        if self.classes is not None:
+            data["classes"] = self.classes
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -188,7 +198,10 @@ class Preprocessor:
         preprocessor = cls(data["scaler"], list(data["numeric_columns"]),
                            {k: list(v) for k, v in data["categories"].items()},
                            {k: {s: float(x) for s, x in v.items()} for k, v in data["statistics"].items()},
-                           data.get("label_column", ""))
+                           data.get("label_column", ""), data.get("task", "regression"), data.get("classes"))
+        if (preprocessor.task == "classification") != isinstance(preprocessor.classes, list):
+            raise SpecError(f"preprocessor JSON is inconsistent: task {preprocessor.task!r} with classes "
+                            f"{preprocessor.classes!r} (a classification preprocessor lists its classes, only it)")
         if data.get("output_columns") not in (None, preprocessor.output_columns):
             raise SpecError(f"preprocessor JSON is inconsistent: output_columns {data['output_columns']!r} "
                             f"do not match its columns and categories")

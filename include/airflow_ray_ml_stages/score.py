@@ -4,7 +4,9 @@ Run as ``python -m airflow_ray_ml_stages.score --spec '<json>'`` (a Ray job). Th
 either delimiter, or Parquet; one file or a directory of them) as a Ray Dataset, scores it with
 ``map_batches`` on a pool of actors that each load the model directory once (Ray Data's
 batch-inference pattern: the model is never shipped with every batch), and writes the input rows
-plus a prediction column next to the input, in the input's format.
+plus a prediction column next to the input, in the input's format. A classification model's
+prediction is the class, and each class's probability gets a column of its own
+(``probability_<class>``).
 
 Nothing is overwritten: the output goes to ``<input name>.predictions-<model version>`` (with
 ``-2``, ``-3``... when that exists). On a local filesystem the files are written to a hidden
@@ -37,6 +39,7 @@ log = logging.getLogger("airflow_ray_ml_stages.score")
 PATH_COLUMN = "__rayml_source_path"
 SAMPLE_ROWS = 3
 _ERROR_MARK = "rayml-score-error: "
+PROBABILITY_PREFIX = "probability_"
 
 
 def _input_files(uri: str) -> list[str]:
@@ -126,8 +129,20 @@ class BatchScorer:
                 seen = sorted({str(v) for v in frame.loc[bad, column].head(20)})
                 self._fail(f"column {column!r} has value(s) {seen} the model was not trained on; allowed: {allowed}")
         out = batch.copy()
-        out[self.prediction_column] = self.model.predict_frame(frame)
+        predicted = self.model.predict_frame(frame)
+        classes = self.model.card.classes
+        if classes is None:
+            out[self.prediction_column] = predicted
+            return out
+        out[self.prediction_column] = np.asarray(classes)[predicted.argmax(axis=1)]
+        for index, column in enumerate(probability_columns(classes)):
+            out[column] = predicted[:, index]
         return out
+
+
+def probability_columns(classes: list) -> list[str]:
+    """The column of each class's probability in a classification model's scores."""
+    return [f"{PROBABILITY_PREFIX}{value}" for value in classes]
 
 
 def _user_error(err: Exception) -> str | None:
@@ -138,7 +153,8 @@ def _user_error(err: Exception) -> str | None:
     return text.split(_ERROR_MARK, 1)[1].splitlines()[0].strip()
 
 
-def _summary(output_uri: str, output_format: str, column: str) -> tuple[int, dict[str, float]]:
+def _summary(output_uri: str, output_format: str, column: str, classification: bool) -> tuple[int, dict[str, float]]:
+    """Rows and the predictions' mean, min and max (regression) or count per class (classification)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
@@ -147,6 +163,9 @@ def _summary(output_uri: str, output_format: str, column: str) -> tuple[int, dic
     values = dataset.to_table(columns=[column]).column(column)
     if len(values) == 0:
         return 0, {}
+    if classification:
+        counts = pc.value_counts(values).to_pylist()
+        return len(values), {str(item["values"]): int(item["counts"]) for item in counts}
     stats = pc.min_max(values)
     return len(values), {"mean": float(pc.mean(values).as_py()), "min": float(stats["min"].as_py()),
                          "max": float(stats["max"].as_py())}
@@ -190,9 +209,11 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     if missing:
         raise DataSourceError(f"{files[0]!r} lacks column(s) {missing} that model {version} needs; "
                               f"it has {names}; the model takes {needed}")
-    if prediction_column in names:
-        raise DataSourceError(f"{files[0]!r} already has a column {prediction_column!r}; "
-                              "pass another prediction_column")
+    added = [prediction_column, *(probability_columns(card.classes) if card.classes is not None else [])]
+    taken = [column for column in added if column in names]
+    if taken:
+        raise DataSourceError(f"{files[0]!r} already has column(s) {taken} that scoring adds; "
+                              "pass another prediction_column, or rename them")
     if dataset is None:
         dataset = ray.data.read_csv(
             paths, filesystem=filesystem, include_paths=colour_by_path,
@@ -233,7 +254,7 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
         raise
     if local:
         os.rename(target, final_path)
-    rows, summary = _summary(output_uri, output_format, prediction_column)
+    rows, summary = _summary(output_uri, output_format, prediction_column, card.classes is not None)
     log.info("wrote %d prediction(s) to %s: %s", rows, output_uri, summary)
     return ScoreResult(output_uri=output_uri, output_format=output_format, rows=rows,
                        prediction_column=prediction_column, model_dir=spec.model_dir, model_version=version,

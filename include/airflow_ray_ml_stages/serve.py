@@ -115,8 +115,10 @@ class LoadedModel:
         return pd.DataFrame(rows, columns=columns), []
 
     def predict_frame(self, frame: pd.DataFrame) -> np.ndarray:
+        """One value per row (regression), or rows x classes probabilities (classification)."""
         features = self.preprocessor.transform(frame)[self.card.feature_columns]
-        return np.asarray(self.model.predict(features.to_numpy(dtype="float32")), dtype="float64").reshape(-1)
+        predicted = np.asarray(self.model.predict(features.to_numpy(dtype="float32")), dtype="float64")
+        return predicted if self.card.task == "classification" else predicted.reshape(-1)
 
 
 def build_app(args: dict[str, Any]):

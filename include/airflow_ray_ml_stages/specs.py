@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Any, ClassVar
 
-from airflow_ray_ml_stages.constants import SCALERS
+from airflow_ray_ml_stages.constants import DEFAULT_METRIC, SCALERS, TASK_METRICS, TASKS
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.spec_base import JsonDataclass, require_choice, require_int_range, require_non_empty
 # The train stage's config: TrainSpec checks its config with resolve_train_config, and the
@@ -192,6 +192,12 @@ class PreprocessSpec(StageSpec):
     :param source: the input files: CSV (comma, or the UCI semicolon layout) or Parquet; local
         paths, ``file://``, ``s3://``, ``gs://`` or ``http(s)://``. Files read together share a schema.
     :param label_column: the column to predict.
+    :param task: ``regression`` (a numeric label, predicted as a number) or ``classification``
+        (integer or text labels, each value a class; the splits hold each row's class index and
+        the preprocessor lists the classes; the split is stratified by class).
+    :param label_threshold: classification only: two classes from a numeric label, ``1`` where
+        the label is at least this and ``0`` below (e.g. 7 for "good" wine grades); None: the
+        label's own values are the classes.
     :param feature_columns: input columns used as features; None: every column but the label and
         ``drop_columns``. When given, any other column (except the label and ``drop_columns``) is
         an error, so a changed input schema is noticed.
@@ -219,6 +225,8 @@ class PreprocessSpec(StageSpec):
     stage: ClassVar[str] = "data"
     source: list[str] = dataclasses.field(default_factory=list)
     label_column: str = "quality"
+    task: str = "regression"
+    label_threshold: float | None = None
     feature_columns: list[str] | None = None
     categorical_columns: list[str] | None = None
     drop_columns: list[str] = dataclasses.field(default_factory=list)
@@ -241,6 +249,13 @@ class PreprocessSpec(StageSpec):
             self.source = [self.source]
         _require_str_list(owner, "source", self.source, allow_none=False, allow_empty=False)
         require_non_empty(owner, "label_column", self.label_column)
+        require_choice(owner, "task", self.task, TASKS)
+        if self.label_threshold is not None:
+            if not _is_number(self.label_threshold) or self.label_threshold in (float("inf"), float("-inf")):
+                raise SpecError(f"{owner}.label_threshold must be a finite number or null, got {self.label_threshold!r}")
+            if self.task != "classification":
+                raise SpecError(f"{owner}.label_threshold makes two classes of the label: it needs "
+                                f"task='classification', got task={self.task!r}")
         _require_str_list(owner, "feature_columns", self.feature_columns)
         if self.feature_columns is not None and not self.feature_columns:
             raise SpecError(f"{owner}.feature_columns must name at least one column or be null, got []")
@@ -295,6 +310,8 @@ class PreprocessResult(JsonDataclass):
     scaling the splits were written with), ``preprocessor_variants`` maps every scaler
     (``standard``, ``minmax``, ``none``) to a preprocessor fitted on the same training statistics,
     so tuning and training can switch scalers without refitting; ``profile_uri`` the data profile.
+    ``task`` is the spec's; ``classes`` (classification only) the label's classes in the order of
+    the class indexes the splits hold.
     """
 
     split_uris: dict[str, str | None]
@@ -307,6 +324,19 @@ class PreprocessResult(JsonDataclass):
     label_column: str
     fingerprint: str
     preprocessor_variants: dict[str, str] = dataclasses.field(default_factory=dict)
+    task: str = "regression"
+    classes: list[Any] | None = None
+
+
+def require_classes(owner: str, classes: Any) -> None:
+    """``classes``: None (regression), or the classification's two or more distinct classes."""
+    if classes is None:
+        return
+    if (not isinstance(classes, list) or len(classes) < 2
+            or any(isinstance(value, bool) or not isinstance(value, (int, str)) for value in classes)
+            or len(set(classes)) != len(classes)):
+        raise SpecError(f"{owner}.classes must be null (regression) or a list of two or more distinct integer or "
+                        f"text classes, as the preprocess manifest gives them, got {classes!r:.200}")
 
 
 def require_variants(owner: str, variants: Any) -> None:
@@ -331,7 +361,9 @@ class TrainSpec(StageSpec):
     :param validation_uri: the validation split (early stopping and validation metrics).
     :param test_uri: the held-out test split (the model card's test metrics).
     :param feature_columns: the numeric feature columns, in the order the model takes them.
-    :param label_column: the regression target.
+    :param label_column: the column to predict.
+    :param classes: classification: the label's classes from the preprocess manifest (the splits
+        hold class indexes into them); None: regression.
     :param preprocessor_uri: the preprocessor the splits were written with (its JSON), copied
         unchanged into the model directory, or None.
     :param preprocessor_variants: ``{scaler: preprocessor JSON URI}`` from the preprocess manifest.
@@ -371,6 +403,7 @@ class TrainSpec(StageSpec):
     test_uri: str = ""
     feature_columns: list[str] = dataclasses.field(default_factory=list)
     label_column: str = "quality"
+    classes: list[Any] | None = None
     preprocessor_uri: str | None = None
     preprocessor_variants: dict[str, str] | None = None
     data_fingerprint: str = ""
@@ -400,6 +433,7 @@ class TrainSpec(StageSpec):
         if self.preprocessor_uri is not None:
             require_non_empty("TrainSpec", "preprocessor_uri", self.preprocessor_uri)
         require_variants("TrainSpec", self.preprocessor_variants)
+        require_classes("TrainSpec", self.classes)
         if not isinstance(self.data_fingerprint, str):
             raise SpecError(f"TrainSpec.data_fingerprint must be a string, got {self.data_fingerprint!r}")
         resolve_train_config(self.config)
@@ -427,6 +461,10 @@ class TrainSpec(StageSpec):
         return self.config.get("family", "lightning")
 
     @property
+    def task(self) -> str:
+        return "regression" if self.classes is None else "classification"
+
+    @property
     def scaler(self) -> str | None:
         """The scaler the config asks for (RayTune's best config names one), or None: as written."""
         return self.config.get("scaler")
@@ -441,8 +479,9 @@ class TrainResult(JsonDataclass):
 
     :param model_dir: URI of the model directory (model card, checkpoint, preprocessor).
     :param family: ``lightning`` or ``xgboost``.
-    :param metrics: ``{"validation": {...}, "test": {...}}`` with rmse, mae, acc_0_5, acc_1_0.
-    :param baseline: the mean predictor's test RMSE (``{"test_rmse": ...}``).
+    :param metrics: ``{"validation": {...}, "test": {...}}``, the task's metrics: rmse, mae,
+        acc_0_5, acc_1_0 (regression) or log_loss, accuracy, macro_f1 (classification).
+    :param baseline: the test metrics of a model that ignores the features (see ``ModelCard.baseline``).
     :param config: the hyperparameters actually used (defaults filled in).
     :param model_version: a short unique id of this model.
     :param compute_used: workers, CPUs, GPUs and device actually used, and any GPU fallback.
@@ -458,6 +497,8 @@ class TrainResult(JsonDataclass):
     compute_used: dict[str, Any]
     training: dict[str, Any]
     data_fingerprint: str = ""
+    task: str = "regression"
+    classes: list[Any] | None = None
 
 
 @dataclasses.dataclass
@@ -501,7 +542,8 @@ class ScoreSpec(StageSpec):
 
 @dataclasses.dataclass
 class ScoreResult(JsonDataclass):
-    """What the ``score`` stage wrote: the predictions' location, row count and a summary."""
+    """What the ``score`` stage wrote: the predictions' location, row count and a summary of them
+    (``predictions``: mean, min and max for regression; the count of each class for classification)."""
 
     output_uri: str
     output_format: str
@@ -515,8 +557,8 @@ class ScoreResult(JsonDataclass):
 
 SEARCHERS = ("random", "optuna")
 TUNE_SCHEDULERS = ("asha", "none")
-TUNE_METRICS = {"val_rmse": "min", "val_mae": "min", "val_acc_0_5": "max", "val_acc_1_0": "max"}
-"""The metrics a search can optimise (on the validation split) and their direction."""
+TUNE_METRICS = {f"val_{name}": mode for metrics in TASK_METRICS.values() for name, mode in metrics.items()}
+"""The metrics a search can optimise (on the validation split) and their direction; each task takes its own."""
 
 
 def _require_seconds(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
@@ -534,15 +576,18 @@ class TuneSpec(StageSpec):
     :param validation_uri: the validation split: every trial is scored on it. The test split is
         not an input: it is never used for choosing.
     :param feature_columns: the feature columns, in the order the models take them.
-    :param label_column: the regression target.
+    :param label_column: the column to predict.
+    :param classes: classification: the label's classes from the preprocess manifest; None: regression.
     :param preprocessor_uri: the preprocessor the splits were written with; None: the data is used
         as written, and the search space may not ask for a scaler.
     :param preprocessor_variants: ``{scaler: URI}`` from the preprocess manifest: the scalers a
         trial may map the features to (exactly, without refitting).
     :param data_fingerprint: the data's fingerprint, recorded in the leaderboard's outputs.
     :param search_space: see :mod:`airflow_ray_ml_stages.search_space`; None: ``DEFAULT_SEARCH_SPACE``.
-    :param metric: the validation metric to optimise: ``val_rmse`` (default), ``val_mae``,
-        ``val_acc_0_5`` or ``val_acc_1_0``; its direction follows.
+    :param metric: the validation metric to optimise, one of the task's: ``val_rmse``, ``val_mae``,
+        ``val_acc_0_5``, ``val_acc_1_0`` (regression), ``val_log_loss``, ``val_accuracy``,
+        ``val_macro_f1`` (classification); its direction follows. None: ``val_rmse`` for regression,
+        ``val_log_loss`` for classification.
     :param searcher: ``random`` (Ray Tune's random/grid search) or ``optuna`` (Optuna's TPE).
     :param scheduler: ``asha`` (early stopping of poor trials) or ``none`` (every trial runs to its end).
     :param num_samples: trials to run (times the grid's size, where the space has grid domains).
@@ -567,11 +612,12 @@ class TuneSpec(StageSpec):
     validation_uri: str = ""
     feature_columns: list[str] = dataclasses.field(default_factory=list)
     label_column: str = "quality"
+    classes: list[Any] | None = None
     preprocessor_uri: str | None = None
     preprocessor_variants: dict[str, str] | None = None
     data_fingerprint: str = ""
     search_space: dict[str, Any] | None = None
-    metric: str = "val_rmse"
+    metric: str | None = None
     searcher: str = "random"
     scheduler: str = "asha"
     num_samples: int = 16
@@ -603,7 +649,10 @@ class TuneSpec(StageSpec):
         require_variants(owner, self.preprocessor_variants)
         if not isinstance(self.data_fingerprint, str):
             raise SpecError(f"{owner}.data_fingerprint must be a string, got {self.data_fingerprint!r}")
-        require_choice(owner, "metric", self.metric, tuple(TUNE_METRICS))
+        require_classes(owner, self.classes)
+        if self.metric is None:
+            self.metric = f"val_{DEFAULT_METRIC[self.task]}"
+        require_choice(owner, "metric", self.metric, tuple(f"val_{name}" for name in TASK_METRICS[self.task]))
         require_choice(owner, "searcher", self.searcher, SEARCHERS)
         require_choice(owner, "scheduler", self.scheduler, TUNE_SCHEDULERS)
         require_int_range(owner, "num_samples", self.num_samples, 1)
@@ -629,6 +678,10 @@ class TuneSpec(StageSpec):
                 f"{owner}.search_space asks for scaler(s) {asked} but no preprocessor_uri says how the splits "
                 "were scaled; pass the preprocess manifest's preprocessor_uri and preprocessor_variants"
             )
+
+    @property
+    def task(self) -> str:
+        return "regression" if self.classes is None else "classification"
 
     @property
     def mode(self) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS
 from airflow_ray_ml_stages.errors import TuneError
-from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
@@ -49,7 +49,6 @@ TUNE_RUNS_DIR = "tune_runs"
 LEADERBOARD_JSON = "leaderboard.json"
 LEADERBOARD_CSV = "leaderboard.csv"
 PLOT = "leaderboard.png"
-METRICS = ("val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0")
 COMPLETED, EARLY_STOPPED, FAILED = "COMPLETED", "EARLY_STOPPED", "FAILED"
 
 
@@ -82,27 +81,28 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     budget = int(resolved[BUDGET_KEYS[family]])
     cfg = TrainLoopConfig(
         config=resolved, feature_columns=base["feature_columns"], label_column=base["label_column"],
-        label_mean=base["label_mean"], seed=base["seed"], use_gpu=base["use_gpu"], local_mode=True,
+        label_mean=base["label_mean"], class_priors=base["class_priors"], seed=base["seed"], use_gpu=base["use_gpu"],
+        local_mode=True,
         threads=base["threads"], checkpoint_every=max(1, math.ceil(budget / base["reports_per_trial"])),
         artifact_dir=directory, model_dir=artifacts.join(directory, "model"),
         feature_affine=scaling["affine"], uris=base["uris"], data_loading="direct", session="tune",
     )
     (lightning_train_loop if family == "lightning" else xgboost_train_loop)(cfg)
     labels, predictions = read_validation(directory)
-    metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
+    metrics = validation_metrics(cfg.task, labels, predictions)
     model_dir = cfg.model_dir
     if scaling["preprocessor_uri"]:
         artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR),
                                      artifacts.read_bytes(scaling["preprocessor_uri"]))
     ModelCard(
         family=family, feature_columns=base["feature_columns"], label_column=base["label_column"],
-        config={**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
+        task=cfg.task, classes=base["classes"], config={**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
         metrics={"validation": {name[4:]: value for name, value in metrics.items()}},
         seed=base["seed"], data_fingerprint=base["data_fingerprint"],
         preprocessor=PREPROCESSOR if scaling["preprocessor_uri"] else None, trial_id=trial_id,
     ).write(model_dir)
     # The final model's metrics last: the searcher learns what RayTrain would reproduce.
-    tune_report({"final": True}, labels, predictions)
+    tune_report({"final": True}, cfg.task, labels, predictions)
 
 
 def read_validation(directory: str) -> tuple[np.ndarray, np.ndarray]:
@@ -149,10 +149,11 @@ def sort_rows(rows: list[dict[str, Any]], metric: str, mode: str) -> list[dict[s
     return ranked
 
 
-def leaderboard_csv(rows: list[dict[str, Any]]) -> str:
-    """The leaderboard flattened: one column per metric and per hyperparameter (``config.<name>``)."""
+def leaderboard_csv(rows: list[dict[str, Any]], task: str = "regression") -> str:
+    """The leaderboard flattened: one column per metric of the task and per hyperparameter (``config.<name>``)."""
+    metric_names = [f"val_{name}" for name in TASK_METRICS[task]]
     names = sorted({name for row in rows for name in row["config"] if name not in ("family", "scaler")})
-    header = ["rank", "trial_id", "status", "family", "scaler", *METRICS, "iterations", "time_s",
+    header = ["rank", "trial_id", "status", "family", "scaler", *metric_names, "iterations", "time_s",
               *(f"config.{name}" for name in names), "error"]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -160,7 +161,7 @@ def leaderboard_csv(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         metrics = row["metrics"] or {}
         writer.writerow([row["rank"], row["trial_id"], row["status"], row["family"], row["scaler"] or "",
-                         *("" if metrics.get(m) is None else repr(metrics[m]) for m in METRICS),
+                         *("" if metrics.get(m) is None else repr(metrics[m]) for m in metric_names),
                          row["iterations"], row["time_s"],
                          *("" if name not in row["config"] else _cell(row["config"][name]) for name in names),
                          row["error"] or ""])
@@ -298,7 +299,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     started_wall, started = time.time(), time.monotonic()
     space = spec.space()
     columns = [*spec.feature_columns, spec.label_column]
-    train_rows, label_mean = label_stats(spec.train_uri, spec.label_column, columns)
+    train_rows, label_mean, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
     ParquetSplit(spec.validation_uri, columns)
     scalers = {}
     for scaler in space.scalers:
@@ -315,7 +316,8 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
         log.warning("GPU fallback: %s", fallback)
     base = {
         "search_space": space.raw, "artifact_dir": spec.artifact_dir, "feature_columns": list(spec.feature_columns),
-        "label_column": spec.label_column, "label_mean": label_mean, "seed": spec.seed,
+        "label_column": spec.label_column, "label_mean": label_mean, "class_priors": class_priors,
+        "classes": spec.classes, "seed": spec.seed,
         "use_gpu": resources["gpu"] > 0, "threads": max(1, int(resources["cpu"])),
         "reports_per_trial": spec.reports_per_trial, "scalers": scalers, "preprocessor_uri": spec.preprocessor_uri,
         "uris": {"train": spec.train_uri, "validation": spec.validation_uri},
@@ -350,7 +352,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     plot_uri = artifacts.join(spec.artifact_dir, PLOT)
     public = [{key: value for key, value in row.items() if key != "end_s"} for row in rows]
     artifacts.write_json_atomic(json_uri, public)
-    artifacts.write_bytes_atomic(csv_uri, leaderboard_csv(rows).encode("utf-8"))
+    artifacts.write_bytes_atomic(csv_uri, leaderboard_csv(rows, spec.task).encode("utf-8"))
     title = plot_title(counts, spec.searcher, spec.scheduler)
     artifacts.write_bytes_atomic(plot_uri, plot_leaderboard(rows, histories, spec.metric, spec.mode, title))
     log.info("leaderboard: %s", json_uri)
@@ -406,11 +408,12 @@ def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: floa
             if not reported:
                 error = "stopped before its first report (time_budget_s reached)"
         metrics = None
+        names = [f"val_{name}" for name in TASK_METRICS[spec.task]]
         if status == COMPLETED:
             labels, predictions = read_validation(directory)
-            metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
-        elif reported and all(name in last for name in METRICS):
-            metrics = {name: float(last[name]) for name in METRICS}
+            metrics = validation_metrics(spec.task, labels, predictions)
+        elif reported and all(name in last for name in names):
+            metrics = {name: float(last[name]) for name in names}
         frame = result.metrics_dataframe
         history: list[tuple[float, float]] = []
         clock = "reported_at" if frame is not None and "reported_at" in frame else "timestamp"

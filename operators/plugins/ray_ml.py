@@ -56,6 +56,7 @@ from airflow_ray_ml.plugins.ray_ml_runs import (
 )
 from airflow_ray_ml.plugins.ray_ml_serving import ServingHistory, artifact_root, read_history
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import TASK_METRICS
 from airflow_ray_ml_stages.model_card import ModelCard
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,9 @@ CONFIG_SECTION = "ray_ml"
 DEFAULT_CONN_ID = "ray_default"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MAX_PLOT_BYTES = 20 * 1024 * 1024
-METRIC_COLUMNS = ("val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0")
-CARD_METRICS = ("rmse", "mae", "acc_0_5", "acc_1_0")
+# Every task's metrics, in order: the page shows the ones its models and trials have.
+CARD_METRICS = tuple(name for metrics in TASK_METRICS.values() for name in metrics)
+METRIC_COLUMNS = tuple(f"val_{name}" for name in CARD_METRICS)
 LOG_TAIL_LINES = 200
 # A header a cross-site form cannot send (a cross-origin fetch with it needs a CORS preflight,
 # which Airflow passes only for origins in [api] access_control_allow_origins), so a state-changing
@@ -319,8 +321,15 @@ _TEMPLATES.filters["compact"] = _compact
 
 
 def render(data: PageData) -> str:
+    rows = data.tune.rows if data.tune else []
+    trial_metrics = {name for row in rows for name in (row.get("metrics") or {})}
+    served_metrics = {name for app in data.apps for name in app.test_metrics}
     return _TEMPLATES.get_template("ray_ml.html").render(
-        data=data, metric_columns=METRIC_COLUMNS, card_metrics=CARD_METRICS, token_help=DASHBOARD_TOKEN_HELP,
+        data=data, token_help=DASHBOARD_TOKEN_HELP,
+        # the columns of the tasks shown (the regression ones when there is nothing yet)
+        metric_columns=[name for name in METRIC_COLUMNS if name in trial_metrics]
+        or [f"val_{name}" for name in TASK_METRICS["regression"]],
+        card_metrics=[name for name in CARD_METRICS if name in served_metrics] or list(TASK_METRICS["regression"]),
     )
 
 

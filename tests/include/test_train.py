@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.errors import ArtifactError, SpecError
+from airflow_ray_ml_stages.errors import ArtifactError, DataSourceError, SpecError
 from airflow_ray_ml_stages.metrics import regression_metrics
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.models import load_model
@@ -21,6 +21,7 @@ from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import run_name
 from airflow_ray_ml_stages.train.sizing import plan_workers
+from airflow_ray_ml_stages.train.stage import run_training
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
         "test_uri": "/d/test.parquet", "feature_columns": ["x1", "x2", "x3"]}
@@ -143,7 +144,7 @@ def test_model_card_round_trips_and_drops_only_unset_optional_fields(tmp_path):
     card = ModelCard.from_dict(_card("xgboost"))
     card.write(str(tmp_path))
     written = json.loads((tmp_path / "model_card.json").read_text())
-    assert written == _card("xgboost")  # preprocessor: null stays; model_version etc. (unset) are left out
+    assert written == {**_card("xgboost"), "task": "regression"}  # preprocessor: null stays; unset ones are left out
     assert ModelCard.read(str(tmp_path)) == card
     newer = {**_card("xgboost"), "model_version": "xgboost-1", "written_by": "a later version"}
     assert ModelCard.from_dict(newer).model_version == "xgboost-1"  # fields it does not know are ignored
@@ -172,10 +173,10 @@ def test_train_loop_config_crosses_ray_train_as_a_dict_and_rejects_wrong_keys():
 def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
     import torch
 
-    from airflow_ray_ml_stages.models.mlp import MLPRegressor, model_config
+    from airflow_ray_ml_stages.models.mlp import MLP, model_config
 
     torch.manual_seed(0)
-    module = MLPRegressor(3, [8, 4], dropout=0.2, label_offset=5.5).eval()
+    module = MLP(3, [8, 4], dropout=0.2, label_offset=5.5).eval()
     buffer = io.BytesIO()
     torch.save(module.state_dict(), buffer)
     (tmp_path / "model.pt").write_bytes(buffer.getvalue())
@@ -208,3 +209,41 @@ def test_load_model_unknown_family_raises(tmp_path):
     artifacts.write_json_atomic(str(tmp_path / "model_card.json"), _card("sklearn"))
     with pytest.raises(ArtifactError, match="unknown family 'sklearn'"):
         load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("family, label_threshold", [("xgboost", None), ("lightning", None), ("xgboost", 7),
+                                                     ("lightning", 7)])
+def test_classification_trains_both_families_and_predicts_class_probabilities(tmp_path, family, label_threshold):
+    """Multiclass (the grades) and binary (grade >= 7): the models beat the class-shares baseline."""
+    from tests.train_data import write_splits
+
+    fields = write_splits(tmp_path / "splits", rows=2000, seed=5, classification=True, label_threshold=label_threshold)
+    config = ({"family": "xgboost", "num_boost_round": 60, "early_stopping_rounds": 10} if family == "xgboost" else
+              {"family": "lightning", "max_epochs": 15, "patience": 0, "hidden_sizes": [32]})
+    result = run_training(TrainSpec(**fields, artifact_dir=str(tmp_path / "train"), config=config))
+    classes = fields["classes"]
+    assert result.task == "classification" and result.classes == classes
+    test, baseline = result.metrics["test"], result.baseline
+    assert set(test) == {"log_loss", "accuracy", "macro_f1"}
+    assert test["log_loss"] < baseline["test_log_loss"] and test["accuracy"] > baseline["test_accuracy"]
+    assert sum(baseline["train_class_shares"]) == pytest.approx(1)
+    card = ModelCard.read(result.model_dir)
+    assert card.task == "classification" and card.classes == classes
+    model = load_model(result.model_dir)
+    test_rows = pd.read_parquet(fields["test_uri"])
+    probabilities = model.predict(test_rows[fields["feature_columns"]].to_numpy(np.float32))
+    assert probabilities.shape == (len(test_rows), len(classes))
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1, atol=1e-5)
+    with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
+        np.testing.assert_allclose(probabilities, saved["y_pred"], rtol=1e-4, atol=1e-5)
+    accuracy = float(np.mean(probabilities.argmax(axis=1) == test_rows["quality"].to_numpy()))
+    assert accuracy == pytest.approx(test["accuracy"])
+
+
+def test_classification_split_with_a_label_outside_the_classes_is_refused(tmp_path):
+    from tests.train_data import write_splits
+
+    fields = write_splits(tmp_path / "splits", rows=600, seed=5, classification=True)  # indexes of 3..9
+    with pytest.raises(DataSourceError, match=r"class indexes 0\.\.2 .*\[3, 4, 5\]"):
+        run_training(TrainSpec(**{**fields, "classes": [3, 4, 5]}, artifact_dir=str(tmp_path / "t"),
+                               config={"family": "xgboost", "num_boost_round": 2}))

@@ -9,7 +9,9 @@ when there is one, and the model in a format that loads without pickle:
 - ``xgboost``: ``model.ubj``, XGBoost's own format.
 
 ``load_model(model_dir)`` returns an object with ``.predict(features) -> np.ndarray`` (features
-already preprocessed, columns in the card's ``feature_columns`` order) and ``.card``.
+already preprocessed, columns in the card's ``feature_columns`` order) and ``.card``. For a
+regression model the predictions are one value per row; for a classification model, each row's
+probability of every class (rows x classes, in the order of ``card.classes``; rows sum to 1).
 torch and xgboost are imported only when a model of that family is loaded.
 """
 
@@ -40,19 +42,31 @@ def _as_features(features: Any, n_features: int) -> np.ndarray:
     return array
 
 
+def class_probabilities(raw: np.ndarray, classes: int) -> np.ndarray:
+    """Rows x classes probabilities from a model's raw output for ``classes`` classes.
+
+    XGBoost's binary objective gives one probability per row (of the second class); its multiclass
+    objective, and the MLP after softmax, give a row per sample already.
+    """
+    raw = np.asarray(raw, dtype=np.float64)
+    if raw.ndim == 1:
+        return np.column_stack([1.0 - raw, raw])
+    return raw.reshape(-1, classes)
+
+
 class LightningModel:
-    """A trained MLP regressor rebuilt from its state_dict (CPU, eval mode)."""
+    """A trained MLP rebuilt from its state_dict (CPU, eval mode)."""
 
     family = "lightning"
 
     def __init__(self, card: ModelCard, model_config: dict[str, Any], state_dict: dict) -> None:
         import torch
 
-        from airflow_ray_ml_stages.models.mlp import MLPRegressor
+        from airflow_ray_ml_stages.models.mlp import MLP
 
         self.card = card
         self.model_config = model_config
-        self.module = MLPRegressor(model_config["n_features"], model_config["hidden_sizes"],
+        self.module = MLP(model_config["n_features"], model_config["hidden_sizes"],
                                    model_config["dropout"], model_config.get("label_offset", 0.0))
         self.module.load_state_dict(state_dict)
         self.module.eval()
@@ -61,7 +75,10 @@ class LightningModel:
     def predict(self, features: Any) -> np.ndarray:
         array = _as_features(features, self.model_config["n_features"])
         with self._torch.inference_mode():
-            return self.module(self._torch.from_numpy(array)).numpy().astype(np.float64)
+            out = self.module(self._torch.from_numpy(array))
+            if self.module.classification:
+                out = self._torch.softmax(out, dim=-1)
+            return out.numpy().astype(np.float64)
 
 
 class XGBoostModel:
@@ -78,7 +95,10 @@ class XGBoostModel:
 
         array = _as_features(features, len(self.card.feature_columns))
         matrix = xgboost.DMatrix(array, feature_names=list(self.card.feature_columns))
-        return self.booster.predict(matrix).astype(np.float64)
+        predicted = self.booster.predict(matrix).astype(np.float64)
+        if self.card.task == "classification":
+            return class_probabilities(predicted, len(self.card.classes))
+        return predicted
 
 
 def load_xgboost_booster(data: bytes):

@@ -1,4 +1,7 @@
-"""The Lightning family's model: an MLP regressor, as a plain ``nn.Module`` and a LightningModule.
+"""The Lightning family's model: an MLP, as a plain ``nn.Module`` and a LightningModule.
+
+For regression the MLP has one output, the predicted value; for classification one output per
+class, the logits (trained with cross-entropy; ``softmax`` of them are the class probabilities).
 
 The plain module is what the model directory stores (``model.pt``, a state_dict of tensors only)
 and what :func:`airflow_ray_ml_stages.models.load_model` rebuilds outside Ray from ``model_config.json``; the
@@ -13,49 +16,69 @@ import torch
 from torch import nn
 
 
-def build_mlp(n_features: int, hidden_sizes: list[int], dropout: float) -> nn.Sequential:
-    """Linear -> ReLU -> Dropout blocks, then one linear output (the predicted grade)."""
+def build_mlp(n_features: int, hidden_sizes: list[int], dropout: float, n_outputs: int = 1) -> nn.Sequential:
+    """Linear -> ReLU -> Dropout blocks, then a linear output layer (the value, or one logit per class)."""
     layers: list[nn.Module] = []
     width = n_features
     for size in hidden_sizes:
         layers += [nn.Linear(width, size), nn.ReLU(), nn.Dropout(dropout)]
         width = size
-    layers.append(nn.Linear(width, 1))
+    layers.append(nn.Linear(width, n_outputs))
     return nn.Sequential(*layers)
 
 
-def model_config(n_features: int, hidden_sizes: list[int], dropout: float, label_offset: float) -> dict[str, Any]:
+def model_config(n_features: int, hidden_sizes: list[int], dropout: float,
+                 label_offset: float | list[float]) -> dict[str, Any]:
     """What ``model_config.json`` holds: enough to rebuild the module without pickle."""
     return {"n_features": n_features, "hidden_sizes": list(hidden_sizes), "dropout": dropout,
             "label_offset": label_offset}
 
 
-class MLPRegressor(nn.Module):
-    """The MLP plus a constant offset (the training label mean), so the net learns the residual."""
+def label_offset(label_mean: float, class_priors: list[float] | None) -> float | list[float]:
+    """The output offset: the training label mean (regression), or each class's log share (classification).
 
-    def __init__(self, n_features: int, hidden_sizes: list[int], dropout: float = 0.0, label_offset: float = 0.0):
+    Either way the untrained net starts from the model that ignores the features, and learns the rest.
+    """
+    if class_priors is None:
+        return float(label_mean)
+    return [float(value) for value in torch.log(torch.tensor(class_priors, dtype=torch.float64).clamp_min(1e-6))]
+
+
+class MLP(nn.Module):
+    """The MLP plus a constant offset (:func:`label_offset`), so the net learns what the offset misses.
+
+    A scalar offset means regression (one output, squeezed); a list, classification (one logit per class).
+    """
+
+    def __init__(self, n_features: int, hidden_sizes: list[int], dropout: float = 0.0,
+                 label_offset: float | list[float] = 0.0):
         super().__init__()
-        self.net = build_mlp(n_features, hidden_sizes, dropout)
-        self.register_buffer("label_offset", torch.tensor(float(label_offset)))
+        offset = torch.tensor(label_offset, dtype=torch.float32)
+        self.classification = offset.ndim == 1
+        self.net = build_mlp(n_features, hidden_sizes, dropout, len(offset) if self.classification else 1)
+        self.register_buffer("label_offset", offset)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net(features).squeeze(-1) + self.label_offset
+        out = self.net(features) + self.label_offset
+        return out if self.classification else out.squeeze(-1)
 
 
-def lightning_module(config: dict[str, Any], n_features: int, label_offset: float):
-    """A LightningModule wrapping :class:`MLPRegressor` (imported here: serving needs no Lightning)."""
+def lightning_module(config: dict[str, Any], n_features: int, label_offset: float | list[float]):
+    """A LightningModule wrapping :class:`MLP` (imported here: serving needs no Lightning)."""
     import pytorch_lightning as pl
 
     class MLPLightningModule(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = MLPRegressor(n_features, config["hidden_sizes"], config["dropout"], label_offset)
+            self.model = MLP(n_features, config["hidden_sizes"], config["dropout"], label_offset)
 
         def forward(self, features: torch.Tensor) -> torch.Tensor:
             return self.model(features)
 
         def _loss(self, batch) -> torch.Tensor:
             features, labels = batch
+            if self.model.classification:
+                return nn.functional.cross_entropy(self(features), labels.long())
             return nn.functional.mse_loss(self(features), labels)
 
         def training_step(self, batch, batch_idx):

@@ -1,4 +1,4 @@
-"""After the loop: metrics and a mean-predictor baseline from what it wrote, and the model card.
+"""After the loop: metrics and a baseline that ignores the features, from what it wrote, and the model card.
 
 :func:`finish` reads the run's evaluation files, writes the
 :class:`~airflow_ray_ml_stages.model_card.ModelCard` (and the preprocessor
@@ -13,11 +13,12 @@ import platform
 import time
 import uuid
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.metrics import regression_metrics
+from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, task_metrics
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
@@ -58,13 +59,13 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
     cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config.model_dir
     final = artifacts.read_json(artifacts.join(spec.artifact_dir, EVALUATION_DIR, "final.json"))
 
+    task = spec.task
     metrics = {}
     for split in ("validation", "test"):
         labels, predictions = read_evaluation(spec.artifact_dir, split)
-        metrics[split] = regression_metrics(labels, predictions)
+        metrics[split] = task_metrics(task, labels, predictions)
     test_labels, _ = read_evaluation(spec.artifact_dir, "test")
-    baseline = {"test_rmse": regression_metrics(test_labels, np.full_like(test_labels, label_mean))["rmse"],
-                "train_label_mean": label_mean}
+    baseline = baseline_metrics(test_labels, label_mean, loop_config.class_priors)
     worker_records = [artifacts.read_json(f"{uri}") for uri in worker_record_uris(spec.artifact_dir)]
     worker_starts = len(worker_records)
     compute_used = {
@@ -91,14 +92,27 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
         config = {**config, "scaler": spec.scaler}  # recorded; the booster never saw it
     ModelCard(
         family=family, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
+        task=task, classes=spec.classes,
         config=config, metrics=metrics, seed=spec.seed, data_fingerprint=spec.data_fingerprint,
         preprocessor=PREPROCESSOR if preprocessor_uri else None, model_version=model_version,
         trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), baseline=baseline,
         compute=compute_used, training=training, framework_versions=_framework_versions(family),
     ).write(model_dir)
-    log.info("trained %s %s: test rmse %.4f (baseline %.4f), validation rmse %.4f; %s",
-             family, model_version, metrics["test"]["rmse"], baseline["test_rmse"], metrics["validation"]["rmse"],
+    metric = DEFAULT_METRIC[task]
+    log.info("trained %s %s: test %s %.4f (baseline %.4f), validation %s %.4f; %s", family, model_version,
+             metric, metrics["test"][metric], baseline[f"test_{metric}"], metric, metrics["validation"][metric],
              json.dumps(training, sort_keys=True))
     return TrainResult(model_dir=model_dir, family=family, metrics=metrics, baseline=baseline, config=config,
                        model_version=model_version, compute_used=compute_used, training=training,
-                       data_fingerprint=spec.data_fingerprint)
+                       data_fingerprint=spec.data_fingerprint, task=task, classes=spec.classes)
+
+
+def baseline_metrics(test_labels: np.ndarray, label_mean: float, class_priors: list[float] | None) -> dict[str, Any]:
+    """The test metrics of the model that ignores the features: the training mean, or the training class shares."""
+    if class_priors is None:
+        return {"test_rmse": task_metrics("regression", test_labels, np.full_like(test_labels, label_mean))["rmse"],
+                "train_label_mean": label_mean}
+    shares = np.tile(np.asarray(class_priors, dtype=np.float64), (len(test_labels), 1))
+    found = task_metrics("classification", test_labels, shares)
+    return {"test_log_loss": found["log_loss"], "test_accuracy": found["accuracy"],
+            "train_class_shares": list(class_priors)}

@@ -30,7 +30,7 @@ class TrainLoopConfig:
     feature_columns: list[str]
     label_column: str
     label_mean: float
-    """The training split's label mean: the MLP's output offset and XGBoost's ``base_score``."""
+    """The training split's label mean: for regression the MLP's output offset and XGBoost's ``base_score``."""
     seed: int
     use_gpu: bool
     local_mode: bool
@@ -51,10 +51,17 @@ class TrainLoopConfig:
     """``[multiply, add]`` per feature: maps the written splits to another scaler's scaling."""
     session: Session = "train"
     """``tune`` inside a Ray Tune trial: reports go to Tune and the test split is never read."""
+    class_priors: list[float] | None = None
+    """Classification: each class's share of the training split (the MLP's output offset, as logs);
+    None: regression."""
 
     @property
     def family(self) -> str:
         return self.config["family"]
+
+    @property
+    def task(self) -> str:
+        return "regression" if self.class_priors is None else "classification"
 
     def checkpoint_interval(self) -> int:
         """Checkpoint (and report) every this many epochs or rounds: the setting, else every epoch or a tenth of the rounds."""

@@ -16,19 +16,19 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.metrics import regression_metrics
-from airflow_ray_ml_stages.models import TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL
+from airflow_ray_ml_stages.metrics import validation_metrics
+from airflow_ray_ml_stages.models import TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL, class_probabilities
 from airflow_ray_ml_stages.train.contexts import RayTrainContext, loop_context
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import announce_worker, write_evaluation, write_final
 from airflow_ray_ml_stages.train.splits import split_arrays, start_reading_train_split, tensor_batches
 
 
-def tune_report(step: dict[str, Any], labels: np.ndarray, predictions: np.ndarray) -> None:
-    """Report a trial's validation metrics now (``val_rmse``, ``val_mae``, ``val_acc_*``) to Ray Tune."""
+def tune_report(step: dict[str, Any], task: str, labels: np.ndarray, predictions: np.ndarray) -> None:
+    """Report a trial's validation metrics now to Ray Tune."""
     from ray import tune
 
-    metrics = {f"val_{name}": value for name, value in regression_metrics(labels, predictions).items()}
+    metrics = validation_metrics(task, labels, predictions)
     # Tune's own "timestamp" has whole seconds: too coarse to plot short trials over time.
     tune.report({**metrics, **step, "reported_at": time.time()})
 
@@ -79,7 +79,7 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     import torch
     from pytorch_lightning.callbacks import EarlyStopping
 
-    from airflow_ray_ml_stages.models.mlp import lightning_module, model_config
+    from airflow_ray_ml_stages.models.mlp import label_offset, lightning_module, model_config
 
     config, features, label, seed = cfg.config, cfg.feature_columns, cfg.label_column, cfg.seed
     pl.seed_everything(seed, workers=True, verbose=False)
@@ -95,7 +95,13 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     train_loader = tensor_batches(train_x, train_y, config["batch_size"], shuffle=True,
                                   generator=torch.Generator().manual_seed(seed + rank))
     val_loader = tensor_batches(val_x, val_y, 4096)
-    module = lightning_module(config, len(features), cfg.label_mean)
+    offset = label_offset(cfg.label_mean, cfg.class_priors)
+    module = lightning_module(config, len(features), offset)
+
+    def predict(net, x: np.ndarray) -> np.ndarray:
+        """The net's predictions: values, or (classification) class probabilities."""
+        out = net(torch.from_numpy(x).to(next(net.parameters()).device))
+        return (torch.softmax(out, dim=-1) if cfg.class_priors is not None else out).cpu().numpy()
 
     every = cfg.checkpoint_interval()
     callbacks = []
@@ -120,9 +126,9 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
             was_training = pl_module.training
             pl_module.eval()
             with torch.inference_mode():
-                predicted = pl_module.model(torch.from_numpy(val_x).to(pl_module.device)).cpu().numpy()
+                predicted = predict(pl_module.model, val_x)
             pl_module.train(was_training)
-            tune_report({"epoch": trainer.current_epoch + 1}, val_y, predicted)
+            tune_report({"epoch": trainer.current_epoch + 1}, cfg.task, val_y, predicted)
 
     if context.tune:
         callbacks.append(TuneReportEveryCallback())
@@ -180,13 +186,13 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
             evaluated["test"] = split_arrays(cfg, "test")
         with torch.inference_mode():
             for split, (x, y) in evaluated.items():
-                write_evaluation(cfg, split, y, net(torch.from_numpy(x)).numpy())
+                write_evaluation(cfg, split, y, predict(net, x))
         buffer = io.BytesIO()
         torch.save({name: tensor.detach().cpu().clone() for name, tensor in net.state_dict().items()}, buffer)
         artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, TORCH_WEIGHTS), buffer.getvalue())
         artifacts.write_json_atomic(
             artifacts.join(cfg.model_dir, TORCH_CONFIG),
-            model_config(len(features), config["hidden_sizes"], config["dropout"], cfg.label_mean),
+            model_config(len(features), config["hidden_sizes"], config["dropout"], offset),
         )
         timings["evaluate_s"] = time.monotonic() - phase_started
         write_final(cfg, {**final, "loop_timings": _rounded(timings)})
@@ -219,12 +225,23 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
     dtrain = xgboost.DMatrix(train_x, label=train_y, feature_names=features)
     dvalidation = xgboost.DMatrix(val_x, label=val_y, feature_names=features)
     booster_keys = {"num_boost_round", "early_stopping_rounds", "family"}
+    classes = None if cfg.class_priors is None else len(cfg.class_priors)
+    if classes is None:
+        objective = {"objective": "reg:squarederror", "eval_metric": "rmse", "base_score": cfg.label_mean}
+    elif classes == 2:
+        objective = {"objective": "binary:logistic", "eval_metric": "logloss"}
+    else:
+        objective = {"objective": "multi:softprob", "eval_metric": "mlogloss", "num_class": classes}
     params = {
-        "objective": "reg:squarederror", "eval_metric": "rmse", "tree_method": "hist",
-        "seed": cfg.seed, "nthread": cfg.threads, "base_score": cfg.label_mean,
+        **objective, "tree_method": "hist", "seed": cfg.seed, "nthread": cfg.threads,
         "device": "cuda" if cfg.use_gpu else "cpu",
         **{key: value for key, value in config.items() if key not in booster_keys},
     }
+
+    def predict(model, matrix) -> np.ndarray:
+        """The booster's predictions: values, or (classification) class probabilities."""
+        predicted = model.predict(matrix)
+        return predicted if classes is None else class_probabilities(predicted, classes)
     every = cfg.checkpoint_interval()
 
     class ReportEveryCallback(xgboost.callback.TrainingCallback):
@@ -233,9 +250,10 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
         def after_iteration(self, model, epoch, evals_log):
             rounds = model.num_boosted_rounds()
             if rounds % every == 0 and context.tune:
-                tune_report({"round": rounds}, val_y, model.predict(dvalidation))
+                tune_report({"round": rounds}, cfg.task, val_y, predict(model, dvalidation))
             elif rounds % every == 0:
-                metrics = {"round": rounds, "validation_rmse": float(evals_log["validation"]["rmse"][-1])}
+                metric = params["eval_metric"]
+                metrics = {"round": rounds, f"validation_{metric}": float(evals_log["validation"][metric][-1])}
                 with tempfile.TemporaryDirectory() as directory:
                     if rank == 0:
                         model.save_model(os.path.join(directory, XGBOOST_MODEL))
@@ -272,7 +290,7 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
     evaluated = {"validation": (val_x, val_y)}
     if "test" in context.evaluation_splits():
         evaluated["test"] = split_arrays(cfg, "test")
-    predictions = {split: (y, booster.predict(xgboost.DMatrix(x, feature_names=features)))
+    predictions = {split: (y, predict(booster, xgboost.DMatrix(x, feature_names=features)))
                    for split, (x, y) in evaluated.items()}
     if rank == 0:
         for split, (y, predicted) in predictions.items():

@@ -15,6 +15,7 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
+from airflow_ray_ml_stages.metrics import prior_probabilities
 from airflow_ray_ml_stages.preprocessor import Preprocessor, feature_affine
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 
@@ -71,12 +72,22 @@ class ParquetSplit:
         return pa.concat_tables([self._file(path).read(columns=columns) for path in self.files])
 
 
-def label_stats(uri: str, label: str, columns: list[str]) -> tuple[int, float]:
-    """Rows and label mean of a split, read with pyarrow alone (cheap: one column)."""
+def label_stats(uri: str, label: str, columns: list[str],
+                classes: list | None = None) -> tuple[int, float, list[float] | None]:
+    """Rows, label mean and (classification) each class's share of a split, read with pyarrow alone (one column).
+
+    :param classes: the classification's classes (the split holds indexes into them); None: regression.
+    """
     table = ParquetSplit(uri, columns).to_table(columns=[label])
     if table.num_rows == 0:
         raise DataSourceError(f"split {uri!r} has no rows")
-    return table.num_rows, float(np.mean(table.column(label).to_numpy(zero_copy_only=False)))
+    values = np.asarray(table.column(label).to_numpy(zero_copy_only=False), dtype=np.float64)
+    if classes is None:
+        return table.num_rows, float(np.mean(values)), None
+    if not np.all((values >= 0) & (values < len(classes)) & (values == np.floor(values))):
+        raise DataSourceError(f"split {uri!r}: label {label!r} must hold class indexes 0..{len(classes) - 1} for the "
+                              f"classes {classes!r:.200}; pass the preprocess manifest's splits and classes together")
+    return table.num_rows, float(np.mean(values)), prior_probabilities(values, len(classes)).tolist()
 
 
 def shard_arrays(shard, features: list[str], label: str) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
     family = config["family"]
     compute = ComputeSpec.from_dict(spec.compute)
     columns = [*spec.feature_columns, spec.label_column]
-    train_rows, label_mean = label_stats(spec.train_uri, spec.label_column, columns)
+    train_rows, label_mean, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
     other_rows = sum(ParquetSplit(uri, columns).num_rows for uri in (spec.validation_uri, spec.test_uri))
     num_workers, sizing_reason = plan_workers(spec, compute, train_rows, (train_rows + other_rows) * len(columns) * 8)
     log.info("right-sizing: %s", sizing_reason)
@@ -55,7 +55,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
             label_mean=label_mean, seed=spec.seed, use_gpu=False, local_mode=True,
             threads=max(1, int(compute.cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
             artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
-            feature_affine=affine,
+            feature_affine=affine, class_priors=class_priors,
         )
         log.info("training %s on CPU in the job's process (Train's local mode without Ray Train), data: direct",
                  family)
@@ -97,7 +97,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         label_mean=label_mean, seed=spec.seed, use_gpu=use_gpu, local_mode=local_mode,
         threads=max(1, int(cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
         artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
-        feature_affine=affine,
+        feature_affine=affine, class_priors=class_priors,
     )
     datasets = None
     if data_loading == "ray_data":
