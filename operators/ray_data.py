@@ -15,8 +15,9 @@ class RayDataPreprocessOperator(StageOperator):
     loads the data. The XCom is the stage's manifest (``airflow_ray_ml_stages.specs.PreprocessResult``):
     ``split_uris`` (Parquet directories per split), ``preprocessor_uri`` (JSON, loaded without
     pickle by :class:`airflow_ray_ml_stages.preprocessor.Preprocessor`) and its ``preprocessor_variants``,
-    ``feature_columns``, ``label_column``, ``profile_uri``, row counts and the input
-    ``fingerprint``. Hand it on as it is: ``RayTuneOperator(data=preprocess.output)``,
+    ``feature_columns``, ``label_column``, ``profile_uri``, row counts, the input ``fingerprint``,
+    ``task`` and, for ``task="classification"``, ``classes`` (the splits' label holds each row's
+    index into them; the split is stratified by class). Hand it on as it is: ``RayTuneOperator(data=preprocess.output)``,
     ``RayTrainOperator(data=preprocess.output)``, ``RayServeDeployOperator(data=preprocess.output)``.
 
     ``source`` may be an XComArg too, e.g. ``source=make_data.output`` of a task returning file URIs.

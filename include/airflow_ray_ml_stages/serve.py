@@ -5,45 +5,149 @@
 deployment's ``user_config``, so promoting a new model of the same code is a ``reconfigure()`` on
 the live replicas, not a restart. Routes, under the application's route prefix:
 
-* ``POST /predict`` — ``{"instances": [{"<feature>": value, ...}, ...]}`` or rows as lists in
-  the order of ``/metadata``'s ``input_columns``; answers ``{"predictions": [...], "model_version"}``.
-  Bad input gets a 4xx with a message per offending field, never a 5xx.
+* ``POST /predict`` — ``{"instances": [{"<feature>": value, ...}, ...]}`` (1 to ``MAX_INSTANCES``
+  rows, each with every input column and nothing else). A regression model answers
+  ``{"predictions": [<number>, ...], "model_version"}``; a classification model
+  ``{"predictions": [<class>, ...], "probabilities": [[<p>, ...], ...], "classes", "model_version"}``
+  (each row's most probable class, and every class's probability in ``classes`` order).
+* ``GET /openapi.json`` — this contract for the loaded model: one property per feature (numbers, or
+  the training categories as an enum), the row limit, and the responses of the model's task. What
+  the schema allows is what ``/predict`` accepts: the body is checked against that same schema.
+  ``GET /docs`` renders it.
 * ``GET /health`` — 200 with the model version once a model is loaded.
-* ``GET /metadata`` — the model card (version, family, metrics, trained-at) and the input schema.
+* ``GET /metadata`` — the model card (version, family, task, classes, metrics, trained-at) and the
+  input schema.
 
-(No ``from __future__ import annotations`` here: FastAPI resolves the route signatures' types, which
-are defined inside :func:`build_app`, from the live annotations.)
+Every answer is JSON of a declared shape: 200, 401 (wrong or missing API key), 422
+(``{"detail": [{"loc", "msg", "type"}, ...]}``: a body that is not JSON, breaks the schema, or
+gets no finite prediction) or 503 (no model loaded yet); never a 5xx for bad input.
+
+(No ``from __future__ import annotations`` here: FastAPI resolves the route signatures' types from
+the live annotations.)
 
 Requests are batched with ``@serve.batch``; preprocessing is the saved JSON statistics applied
 with numpy (:class:`airflow_ray_ml_stages.preprocessor.Preprocessor`). An API key, when configured, is checked on
-every route (``X-API-Key`` header or ``Authorization: Bearer``); only its SHA-256 is in the config.
+every route but ``/docs`` (``X-API-Key`` header or ``Authorization: Bearer``); only its SHA-256 is in the config.
 """
 
 import hashlib
 import hmac
+import json
 import math
+import reprlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from airflow_ray_ml_stages.constants import TASKS
 from airflow_ray_ml_stages.model_card import ModelCard
 
 APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"
 DEPLOYMENT_NAME = "ModelServer"
 MAX_INSTANCES = 1024
+MAX_PROBLEMS = 100  # a 422 lists at most this many problems
 BATCH_SIZE = 32
 BATCH_WAIT_S = 0.0  # no added wait for a lone request; batches form from the queue under load
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+_short = reprlib.Repr()  # bad values quoted in messages: nested junk stays short, and never recurses deeply
+_short.maxlevel, _short.maxstring, _short.maxother, _short.maxlist, _short.maxdict = 2, 60, 60, 5, 5
 
 
 def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+def problem(loc: list[str | int], msg: str, kind: str) -> dict[str, Any]:
+    """One entry of a 422's ``detail``."""
+    return {"loc": list(loc), "msg": msg, "type": kind}
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; send finite numbers")
+
+
+def read_json_body(body: bytes, content_type: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The decoded request body, or the problem with it (strict JSON: no NaN or Infinity tokens)."""
+    media_type = content_type.split(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        return None, [problem(["header", "content-type"], "send the body as JSON with Content-Type: "
+                              f"application/json, got {media_type or 'none'!r}", "content_type")]
+    if not body.strip():
+        return None, [problem(["body"], 'the body is empty; send {"instances": [{"<feature>": value, ...}]}',
+                              "json_invalid")]
+    try:
+        return json.loads(body, parse_constant=_refuse_constant), []
+    except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None, [problem(["body"], f"not valid JSON: {str(err)[:200]}", "json_invalid")]
+
+
+def _as_float(number: int | float) -> float:
+    """A JSON number as a float; an integer beyond float64's range (JSON has none) as an infinity."""
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf if number > 0 else -math.inf
+
+
+def _finite_or_none(data: Any) -> Any:
+    """``data`` with non-finite floats as None: JSON has no NaN (a card's metric may be one)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite_or_none(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite_or_none(value) for value in data]
+    return data
+
+
+# -- the schemas every model shares ------------------------------------------------------------
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error", "type": "object", "required": ["detail"], "additionalProperties": False,
+    "properties": {"detail": {"type": "string"}},
+}
+VALIDATION_ERROR_SCHEMA: dict[str, Any] = {
+    "title": "ValidationError", "type": "object", "required": ["detail"], "additionalProperties": False,
+    "properties": {"detail": {"type": "array", "minItems": 1, "maxItems": MAX_PROBLEMS, "items": {
+        "type": "object", "required": ["loc", "msg", "type"], "additionalProperties": False,
+        "properties": {
+            "loc": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                    "description": "where: 'body', 'instances', the row's index, the feature"},
+            "msg": {"type": "string", "description": "what is wrong and what is allowed"},
+            "type": {"type": "string", "description": "the kind of problem: missing, extra_forbidden, "
+                     "enum, number_type, too_long, json_invalid, content_type, ..."},
+        }}}},
+}
+HEALTH_SCHEMA: dict[str, Any] = {
+    "title": "Health", "type": "object", "required": ["status", "model_version"], "additionalProperties": False,
+    "properties": {"status": {"const": "ok"}, "model_version": {"type": "string"}},
+}
+_NULLABLE_STRING = {"type": ["string", "null"]}
+METADATA_SCHEMA: dict[str, Any] = {
+    "title": "Metadata", "type": "object",
+    "required": ["model_version", "family", "task", "classes", "metrics", "trained_at", "label_column",
+                 "data_fingerprint", "config", "schema"],
+    "properties": {
+        "model_version": _NULLABLE_STRING, "family": {"type": "string"}, "task": {"enum": list(TASKS)},
+        "classes": {"type": ["array", "null"]}, "trained_at": _NULLABLE_STRING,
+        "metrics": {"type": "object", "additionalProperties": {
+            "type": "object", "additionalProperties": {"type": ["number", "null"]}}},
+        "label_column": {"type": "string"}, "data_fingerprint": _NULLABLE_STRING,
+        "config": {"type": "object"}, "schema": {"type": "object"},
+    },
+}
+
+# A 422's ``type`` for a value of the wrong JSON type, by the type expected.
+_TYPE_KINDS = {"number": "number_type", "object": "dict_type", "array": "list_type", "string": "string_type"}
+
+
 @dataclass
 class LoadedModel:
-    """A model directory made ready to predict from raw feature rows."""
+    """A model directory made ready to predict from raw feature rows, with its request/response contract."""
 
     model: Any
     preprocessor: Any
@@ -67,6 +171,10 @@ class LoadedModel:
     def input_columns(self) -> list[str]:
         return list(self.preprocessor.input_columns)
 
+    @property
+    def classification(self) -> bool:
+        return self.card.task == "classification"
+
     def schema(self) -> dict[str, Any]:
         return {
             "input_columns": self.input_columns,
@@ -76,62 +184,235 @@ class LoadedModel:
         }
 
     def metadata(self) -> dict[str, Any]:
-        keys = ("model_version", "family", "metrics", "trained_at", "label_column", "data_fingerprint", "config")
-        return {**{key: getattr(self.card, key) for key in keys}, "schema": self.schema()}
+        keys = ("model_version", "family", "task", "classes", "metrics", "trained_at", "label_column",
+                "data_fingerprint", "config")
+        return _finite_or_none({**{key: getattr(self.card, key) for key in keys}, "schema": self.schema()})
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    @cached_property
+    def request_schema(self) -> dict[str, Any]:
+        """JSON Schema (2020-12) of a ``/predict`` body: the one that bodies are checked against."""
+        features: dict[str, Any] = {
+            column: {"type": "number", "description": "a number (the model computes in float32: one beyond "
+                                                     "its range counts as the largest float32)"}
+            for column in self.preprocessor.numeric_columns
+        }
+        for column, values in self.preprocessor.categories.items():
+            features[column] = {"type": "string", "enum": list(values), "description": "a category seen in training"}
+        row = {"title": "Row", "type": "object", "properties": features, "required": self.input_columns,
+               "additionalProperties": False, "description": "one row: every input column, by name"}
+        return {
+            "title": "PredictRequest", "type": "object", "required": ["instances"], "additionalProperties": False,
+            "properties": {"instances": {"type": "array", "items": row, "minItems": 1, "maxItems": MAX_INSTANCES}},
+        }
+
+    @cached_property
+    def prediction_schema(self) -> dict[str, Any]:
+        """JSON Schema of a 200 answer of ``/predict``, for the model's task."""
+        rows = {"minItems": 1, "maxItems": MAX_INSTANCES}
+        properties: dict[str, Any] = {"model_version": {"type": "string"}}
+        if self.classification:
+            classes = list(self.card.classes or [])
+            properties["predictions"] = {"type": "array", "items": {"enum": classes}, **rows,
+                                         "description": "each row's most probable class"}
+            properties["probabilities"] = {"type": "array", **rows, "description": "each row's probability of "
+                                           "every class, in the order of classes (a row sums to 1)",
+                                           "items": {"type": "array", "minItems": len(classes),
+                                                     "maxItems": len(classes),
+                                                     "items": {"type": "number", "minimum": 0, "maximum": 1}}}
+            properties["classes"] = {"const": classes, "description": "the label's classes"}
+        else:
+            properties["predictions"] = {"type": "array", "items": {"type": "number"}, **rows}
+        return {"title": "Prediction", "type": "object", "required": list(properties), "additionalProperties": False,
+                "properties": properties}
+
+    def openapi(self, root_path: str = "", api_key: bool = False) -> dict[str, Any]:
+        """The OpenAPI 3.1 document of the application serving this model."""
+        schemas = {"PredictRequest": self.request_schema, "Prediction": self.prediction_schema,
+                   "ValidationError": VALIDATION_ERROR_SCHEMA, "Error": ERROR_SCHEMA,
+                   "Health": HEALTH_SCHEMA, "Metadata": METADATA_SCHEMA}
+
+        def answer(description: str, schema: str) -> dict[str, Any]:
+            return {"description": description,
+                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}
+
+        common = {"503": answer("no model loaded yet", "Error")}
+        if api_key:
+            common["401"] = answer("missing or wrong API key", "Error")
+        security = {"security": [{"ApiKey": []}, {"Bearer": []}]} if api_key else {}
+        what = f"{self.card.task} of {self.card.label_column!r}"
+        document: dict[str, Any] = {
+            "openapi": "3.1.0",
+            "info": {"title": f"Model server: {what}", "version": self.version or "unknown",
+                     "description": f"Predictions of a {self.card.family} model ({what})."},
+            "paths": {
+                "/predict": {"post": {
+                    "operationId": "predict", "summary": f"Predict the {what} of up to {MAX_INSTANCES} rows",
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/PredictRequest"}}}},
+                    "responses": {"200": answer("the predictions, one per row", "Prediction"),
+                                  "422": answer("the body is not JSON, breaks the request schema, or a row "
+                                                "gets no finite prediction", "ValidationError"), **common},
+                    **security}},
+                "/health": {"get": {"operationId": "health", "summary": "The served model's version",
+                                    "responses": {"200": answer("a model is loaded", "Health"), **common},
+                                    **security}},
+                "/metadata": {"get": {"operationId": "metadata", "summary": "The model card and input schema",
+                                      "responses": {"200": answer("the model card", "Metadata"), **common},
+                                      **security}},
+            },
+            "components": {"schemas": schemas},
+        }
+        if api_key:
+            document["components"]["securitySchemes"] = {
+                "ApiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+                "Bearer": {"type": "http", "scheme": "bearer"}}
+        if root_path:
+            document["servers"] = [{"url": root_path}]
+        return document
+
+    # -- checking requests ----------------------------------------------------------------------
+
+    @cached_property
+    def _validator(self):
+        from jsonschema import Draft202012Validator
+
+        return Draft202012Validator(self.request_schema)
+
+    @cached_property
+    def _allowed(self) -> tuple[frozenset[str], tuple[str, ...], dict[str, frozenset[str]]]:
+        categories = {column: frozenset(values) for column, values in self.preprocessor.categories.items()}
+        return frozenset(self.input_columns), tuple(self.preprocessor.numeric_columns), categories
+
+    def _row_fits(self, row: Any) -> bool:
+        """A quick check, no looser than the schema, that passes the rows of a good request."""
+        columns, numeric, categories = self._allowed
+        if type(row) is not dict or row.keys() != columns:
+            return False
+        for column in numeric:
+            value = row[column]
+            if type(value) not in (int, float):
+                return False
+        return all(type(row[column]) is str and row[column] in allowed for column, allowed in categories.items())
+
+    def check_body(self, body: Any) -> tuple[pd.DataFrame | None, list[dict[str, Any]]]:
+        """The rows of a decoded ``/predict`` body as a frame, or its problems: the request schema decides."""
+        instances = body.get("instances") if isinstance(body, dict) else None
+        if isinstance(instances, list) and len(instances) > MAX_INSTANCES:  # no need to look at every row
+            return None, [problem(["body", "instances"], f"at most {MAX_INSTANCES} rows a request, got "
+                                  f"{len(instances)}: split them into several requests", "too_long")]
+        quick = (isinstance(body, dict) and len(body) == 1 and isinstance(instances, list) and instances
+                 and all(self._row_fits(row) for row in instances))
+        if not quick:  # the quick check is only a fast path: the schema has the last word
+            if not isinstance(body, dict):  # (jsonschema would quote all of it in its message)
+                return None, [problem(["body"], 'must be an object: {"instances": [...]}, got '
+                                      f"{_short.repr(body)}", "dict_type")]
+            try:
+                problems = self._problems(body)
+            except RecursionError:  # jsonschema quotes a bad value whole, and junk may be nested deeply
+                problems = [problem(["body"], "nested too deeply to be a request", "json_invalid")]
+            if problems:
+                return None, problems
+        frame = pd.DataFrame(instances, columns=self.input_columns)
+        for column in self.preprocessor.numeric_columns:
+            if frame[column].dtype == object:  # integers beyond int64; those beyond float64 too
+                frame[column] = [_as_float(value) for value in frame[column]]
+        return frame, []
 
     def validate(self, instances: list[Any]) -> tuple[pd.DataFrame | None, list[dict[str, Any]]]:
-        """Check raw rows against the schema; return the frame or the field-level errors."""
-        numeric = self.preprocessor.numeric_columns
-        categories = self.preprocessor.categories
+        """Check raw rows against the request schema; return the frame or the field-level problems."""
+        return self.check_body({"instances": instances})
+
+    def _problems(self, body: Any) -> list[dict[str, Any]]:
+        """Each way ``body`` breaks the request schema, in words a client can act on."""
         columns = self.input_columns
-        errors: list[dict[str, Any]] = []
-        rows: list[dict[str, Any]] = []
-        for index, instance in enumerate(instances):
-            where = ["body", "instances", index]
-            if isinstance(instance, list):
-                if len(instance) != len(columns):
-                    errors.append({"loc": where, "msg": f"a row given as a list needs {len(columns)} values in "
-                                   f"the order {columns}, got {len(instance)}"})
-                    continue
-                instance = dict(zip(columns, instance))
-            unknown = sorted(set(instance) - set(columns))
-            missing = [column for column in columns if column not in instance]
-            for column in unknown:
-                errors.append({"loc": [*where, column], "msg": f"unknown feature; expected {columns}"})
-            for column in missing:
-                errors.append({"loc": [*where, column], "msg": "missing feature"})
-            for column in numeric:
-                value = instance.get(column)
-                if column in instance and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                           or not math.isfinite(value)):
-                    errors.append({"loc": [*where, column], "msg": f"must be a finite number, got {value!r}"})
-            for column, allowed in categories.items():
-                value = instance.get(column)
-                if column in instance and value not in allowed:
-                    errors.append({"loc": [*where, column], "msg": f"must be one of {allowed}, got {value!r}"})
-            rows.append(instance)
-        if errors:
-            return None, errors
-        return pd.DataFrame(rows, columns=columns), []
+        problems = []
+        for error in self._validator.iter_errors(body):
+            where = ["body", *error.absolute_path]
+            in_row = len(where) == 3  # body, instances, the row's index
+            keyword, expected, value = error.validator, error.validator_value, error.instance
+            if keyword == "required":
+                for name in [name for name in expected if name not in value]:
+                    problems.append(problem([*where, name], "missing feature" if in_row else
+                                            'missing; send {"instances": [{"<feature>": value, ...}]}', "missing"))
+            elif keyword == "additionalProperties":
+                for name in sorted(set(value) - set(error.schema.get("properties", {}))):
+                    problems.append(problem([*where, name], f"unknown feature; expected {columns}" if in_row else
+                                            "unknown field; the body has only 'instances'", "extra_forbidden"))
+            elif keyword == "enum":
+                problems.append(problem(where, f"must be one of {expected}, got {_short.repr(value)}", "enum"))
+            elif keyword == "type" and expected == "number":
+                problems.append(problem(where, f"must be a number, got {_short.repr(value)}", "number_type"))
+            elif keyword == "type" and in_row:
+                problems.append(problem(where, f"a row must be an object of feature: value with every input column "
+                                        f"{columns} (rows as lists are not accepted), got {_short.repr(value)}",
+                                        "dict_type"))
+            elif keyword == "type":
+                what = {"object": 'an object: {"instances": [...]}', "array": "a list of rows"}.get(expected, expected)
+                problems.append(problem(where, f"must be {what}, got {_short.repr(value)}",
+                                        _TYPE_KINDS.get(expected, "type")))
+            elif keyword == "minItems":
+                problems.append(problem(where, "send at least one row", "too_short"))
+            elif keyword == "maxItems":
+                problems.append(problem(where, f"at most {MAX_INSTANCES} rows a request; split them into several "
+                                        "requests", "too_long"))
+            else:  # a keyword the request schema does not use today
+                problems.append(problem(where, f"breaks the schema's {keyword!r}: {_short.repr(expected)}", keyword))
+            if len(problems) >= MAX_PROBLEMS:
+                break
+        return problems
+
+    # -- predicting -----------------------------------------------------------------------------
 
     def predict_frame(self, frame: pd.DataFrame) -> np.ndarray:
-        """One value per row (regression), or rows x classes probabilities (classification)."""
-        features = self.preprocessor.transform(frame)[self.card.feature_columns]
-        predicted = np.asarray(self.model.predict(features.to_numpy(dtype="float32")), dtype="float64")
-        return predicted if self.card.task == "classification" else predicted.reshape(-1)
+        """The model's output for raw rows: one number per row (regression), or rows x classes
+        probabilities in ``card.classes`` order (classification)."""
+        with np.errstate(over="ignore"):  # huge inputs scale to infinity, clipped below
+            features = self.preprocessor.transform(frame)[self.card.feature_columns].to_numpy(dtype="float64")
+            # Finite inputs far outside the training range stay finite in the model's float32.
+            features = np.clip(features, -_FLOAT32_MAX, _FLOAT32_MAX).astype("float32")
+            predicted = np.asarray(self.model.predict(features), dtype="float64")
+        return predicted.reshape(len(frame), -1) if self.classification else predicted.reshape(-1)
+
+    def answer(self, predictions: np.ndarray) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The 200 body for :meth:`predict_frame`'s output, or a problem per row that got no finite prediction."""
+        finite = np.isfinite(predictions).reshape(len(predictions), -1).all(axis=1)
+        if not finite.all():
+            return None, [problem(["body", "instances", int(index)], "the model gives no finite prediction for "
+                                  "this row: its values are far outside the data it was trained on",
+                                  "non_finite_prediction") for index in np.flatnonzero(~finite)[:MAX_PROBLEMS]]
+        if not self.classification:
+            return {"predictions": predictions.tolist(), "model_version": self.version}, []
+        classes = list(self.card.classes or [])
+        return {"predictions": [classes[index] for index in predictions.argmax(axis=1).tolist()],
+                "probabilities": predictions.tolist(), "classes": classes, "model_version": self.version}, []
 
 
 def build_app(args: dict[str, Any]):
     """Serve application builder: ``args`` may carry ``api_key_sha256``."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
-    from pydantic import BaseModel, Field
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import Response
     from ray import serve
 
-    api = FastAPI(title="airflow_ray_ml_stages model server")
+    # The OpenAPI document depends on the model, which reconfigure() loads after the app is built:
+    # it is served by a route of the deployment, not by FastAPI's own (disabled) one.
+    api = FastAPI(title="airflow_ray_ml_stages model server", openapi_url=None, docs_url=None, redoc_url=None)
 
-    class PredictRequest(BaseModel):
-        instances: list[dict[str, Any] | list[Any]] = Field(min_length=1, max_length=MAX_INSTANCES)
+    def reply(content: Any, status_code: int = 200) -> Response:
+        # ASCII-only: a lone surrogate in a client's feature name is echoed back without failing to encode.
+        body = json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        return Response(body.encode("ascii"), status_code=status_code, media_type="application/json")
+
+    @api.exception_handler(RequestValidationError)
+    async def validation_failed(request: Request, exc: RequestValidationError) -> Response:
+        # No route takes parameters FastAPI validates; should one ever, its 422 keeps the declared shape.
+        errors = [problem([str(p) if not isinstance(p, int) else p for p in error.get("loc", ())],
+                          str(error.get("msg", "")), str(error.get("type", "invalid")))
+                  for error in exc.errors()] or [problem(["body"], "invalid request", "invalid")]
+        return reply({"detail": errors[:MAX_PROBLEMS]}, 422)
 
     @serve.deployment(name=DEPLOYMENT_NAME)
     @serve.ingress(api)
@@ -147,9 +428,10 @@ def build_app(args: dict[str, Any]):
             if expected and model.version != expected:
                 raise ValueError(f"model in {config['model_dir']} is version {model.version!r}, "
                                  f"the config says {expected!r}")
+            model.openapi()  # build (and cache) the schemas now, not on the first request
             self._model = model  # one assignment: requests see the old model or the new, never half
 
-        def _denied(self, request: Request) -> JSONResponse | None:
+        def _denied(self, request: Request) -> Response | None:
             if not self._api_key_sha256:
                 return None
             given = request.headers.get("x-api-key") or ""
@@ -157,42 +439,50 @@ def build_app(args: dict[str, Any]):
                 given = request.headers["authorization"][7:]
             if given and hmac.compare_digest(hash_api_key(given), self._api_key_sha256):
                 return None
-            return JSONResponse({"detail": "missing or wrong API key: send it in the X-API-Key header"},
-                                status_code=401)
+            return reply({"detail": "missing or wrong API key: send it in the X-API-Key header"}, 401)
 
-        def _loaded(self) -> LoadedModel | JSONResponse:
+        def _loaded(self, request: Request) -> LoadedModel | Response:
+            if (denied := self._denied(request)) is not None:
+                return denied
             if self._model is None:
-                return JSONResponse({"detail": "no model loaded yet"}, status_code=503)
+                return reply({"detail": "no model loaded yet"}, 503)
             return self._model
 
         @api.get("/health")
         async def health(self, request: Request):
-            if (denied := self._denied(request)) is not None:
-                return denied
-            model = self._loaded()
-            if isinstance(model, JSONResponse):
-                return model
-            return {"status": "ok", "model_version": model.version}
+            model = self._loaded(request)
+            return model if isinstance(model, Response) else reply({"status": "ok", "model_version": model.version})
 
         @api.get("/metadata")
         async def metadata(self, request: Request):
-            if (denied := self._denied(request)) is not None:
-                return denied
-            model = self._loaded()
-            return model if isinstance(model, JSONResponse) else model.metadata()
+            model = self._loaded(request)
+            return model if isinstance(model, Response) else reply(model.metadata())
+
+        @api.get("/openapi.json", include_in_schema=False)
+        async def openapi(self, request: Request):
+            model = self._loaded(request)
+            if isinstance(model, Response):
+                return model
+            return reply(model.openapi(request.scope.get("root_path", ""), api_key=bool(self._api_key_sha256)))
+
+        @api.get("/docs", include_in_schema=False)
+        async def docs(self, request: Request):
+            return get_swagger_ui_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json",
+                                       title="model server")
 
         @api.post("/predict")
-        async def predict(self, body: PredictRequest, request: Request):
-            if (denied := self._denied(request)) is not None:
-                return denied
-            model = self._loaded()
-            if isinstance(model, JSONResponse):
+        async def predict(self, request: Request):
+            model = self._loaded(request)
+            if isinstance(model, Response):
                 return model
-            frame, errors = model.validate(body.instances)
-            if errors:
-                return JSONResponse({"detail": errors}, status_code=422)
-            predictions = await self._predict_batched((model, frame))
-            return {"predictions": predictions.tolist(), "model_version": model.version}
+            body, problems = read_json_body(await request.body(), request.headers.get("content-type", ""))
+            frame = None
+            if not problems:
+                frame, problems = model.check_body(body)
+            if problems:
+                return reply({"detail": problems}, 422)
+            answer, problems = model.answer(await self._predict_batched((model, frame)))
+            return reply(answer) if answer is not None else reply({"detail": problems}, 422)
 
         @serve.batch(max_batch_size=BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
         async def _predict_batched(self, requests: list[tuple[LoadedModel, pd.DataFrame]]) -> list[np.ndarray]:

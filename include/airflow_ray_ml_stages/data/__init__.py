@@ -23,6 +23,11 @@ order), so the same input and seed give the same split membership whatever the e
 block count, the number of CPUs, the order of the files or their format (UCI semicolon, comma CSV
 or Parquet).
 
+With ``task="classification"`` the split is stratified by class: pass 1 also counts each class's
+rows per hash bin, the classes and each class's cut points follow (or a bad-label error), and a
+second summary pass gives the per-split statistics before pass 2 writes each row's class index as
+its label.
+
 Modules, in the order a run uses them:
 
 - :mod:`airflow_ray_ml_stages.data.stage`: :func:`~airflow_ray_ml_stages.data.stage.run_preprocess` and ``main``, the entry point;
@@ -32,6 +37,7 @@ Modules, in the order a run uses them:
 - :mod:`airflow_ray_ml_stages.data.batch`: one batch in canonical types (from pyarrow or pandas);
 - :mod:`airflow_ray_ml_stages.data.split`: the deterministic split (the seeded row hash);
 - :mod:`airflow_ray_ml_stages.data.validation`: the row checks and their error messages;
+- :mod:`airflow_ray_ml_stages.data.labels`: classification: the classes, per-class histograms, cut points, label checks;
 - :mod:`airflow_ray_ml_stages.data.profile`: pass 1's summaries, merged, and the data profile;
 - :mod:`airflow_ray_ml_stages.data.transform`: pass 2, the rows as written;
 - :mod:`airflow_ray_ml_stages.data.deferred_pandas`: pandas imported only by the paths that need it.

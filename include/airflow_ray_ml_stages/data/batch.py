@@ -35,10 +35,23 @@ class BatchContext:
     label_range: list[float] | None
     sources: dict[str, str]  # the path Ray reports -> the source URI
     derived: dict[str, dict[str, str]]  # source URI -> {column: value}
+    task: str = "regression"
+    label_text: bool = False  # see ColumnPlan.label_text
+    label_threshold: float | None = None
+    max_categories: int = 100
+    # Classification, set once pass 1 has seen every row: the classes in index order, and per
+    # class (its key, see airflow_ray_ml_stages.data.labels) its cut points [train_end, validation_end].
+    classes: list[Any] | None = None
+    cuts: dict[str, list[int]] | None = None
 
     @property
     def plan(self) -> ColumnPlan:
-        return ColumnPlan(self.numeric, self.categorical, self.label)
+        return ColumnPlan(self.numeric, self.categorical, self.label, self.label_text)
+
+    @property
+    def stratified(self) -> bool:
+        """A classification split: by class, at cut points known only after pass 1."""
+        return self.task == "classification"
 
     def source_of(self, path: str) -> str:
         if path in self.sources:
@@ -84,16 +97,27 @@ def dictionary_codes(column) -> tuple[np.ndarray, list]:
     return joined(parts, "int32"), list(position)
 
 
+def text_label(codes: np.ndarray, values: list) -> tuple[np.ndarray, list, np.ndarray]:
+    """A text label's codes and values with the missing tokens (``""``, ``NA``, ...) as missing (-1),
+    and its slot in the numeric matrix: 0 where present, NaN where missing, so the missing-value
+    checks (``nan_policy``) treat the label like any other column."""
+    missing = np.array([value is None or str(value).strip() in NULL_TOKENS for value in values] + [True])
+    codes = np.where(missing[codes], -1, codes).astype("int32", copy=False)
+    return codes, values, np.where(codes < 0, np.nan, 0.0)
+
+
 @dataclass
 class Batch:
     """One batch in canonical types, as arrays (what every per-batch step works on).
 
     :param numeric: float64 matrix, rows x (numeric columns, then the label); missing values NaN.
+        A text label's column holds 0 where the label is present (see :func:`text_label`).
     :param codes: per categorical column, each row's index into ``values[column]`` (-1: missing).
     :param values: per categorical column, its distinct string values in this batch.
     :param source_codes: each row's index into ``sources`` (the source URIs).
     :param non_numeric: findings of non-numeric values in numeric columns (the slow pandas path).
-    :param raw: per numeric column with non-numeric values, the raw text (for the error's samples).
+    :param label_codes: a text label only: each row's index into ``label_values`` (-1: missing).
+    :param label_values: a text label only: its distinct values in this batch.
     """
 
     numeric: np.ndarray
@@ -102,6 +126,8 @@ class Batch:
     source_codes: np.ndarray
     sources: list[str]
     non_numeric: dict[str, dict] = field(default_factory=dict)
+    label_codes: np.ndarray | None = None
+    label_values: list | None = None
 
     def __len__(self) -> int:
         return self.numeric.shape[0]
@@ -111,13 +137,21 @@ class Batch:
         """From a pandas frame of the used columns in canonical types (see :func:`normalise`)."""
         pd = import_pandas()
 
-        numeric = np.asfortranarray(frame[[*ctx.numeric, ctx.label]].to_numpy(dtype="float64"))
+        if not ctx.label_text:
+            numeric = np.asfortranarray(frame[[*ctx.numeric, ctx.label]].to_numpy(dtype="float64"))
         codes, values = {}, {}
-        for column in ctx.categorical:
+        for column in [*ctx.categorical, *([ctx.label] if ctx.label_text else [])]:
             found, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
             codes[column], values[column] = found, [str(v) for v in uniques]
+        label_codes = label_values = None
+        if ctx.label_text:
+            label_codes, label_values, slot = text_label(codes.pop(ctx.label), values.pop(ctx.label))
+            numeric = np.empty((len(frame), len(ctx.numeric) + 1), dtype="float64", order="F")
+            numeric[:, :-1] = frame[ctx.numeric].to_numpy(dtype="float64")
+            numeric[:, -1] = slot
         source_codes, sources = pd.factorize(np.asarray(uris, dtype=object))
-        return cls(numeric, codes, values, source_codes, list(sources), dict(non_numeric or {}))
+        return cls(numeric, codes, values, source_codes, list(sources), dict(non_numeric or {}), label_codes,
+                   label_values)
 
     @classmethod
     def from_arrow(cls, table, ctx: "BatchContext", path: str | None = None) -> "Batch":
@@ -136,9 +170,10 @@ class Batch:
                 kind = kind.value_type
             return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
+        texts = [*ctx.categorical, *([ctx.label] if ctx.label_text else [])]
         numeric_ok = all(c in table.column_names and plain_numeric(table.schema.field(c).type)
-                         for c in [*ctx.numeric, ctx.label])
-        strings_ok = all(plain_string(table.schema.field(c).type) for c in ctx.categorical if c in table.column_names)
+                         for c in [*ctx.numeric, *([] if ctx.label_text else [ctx.label])])
+        strings_ok = all(plain_string(table.schema.field(c).type) for c in texts if c in table.column_names)
         rows = table.num_rows
         if not (numeric_ok and strings_ok):
             if path is not None and PATH_COLUMN not in table.column_names:
@@ -155,11 +190,11 @@ class Batch:
         else:
             source_codes, sources = np.zeros(rows, dtype="int32"), [""]
         numeric = np.empty((rows, len(ctx.numeric) + 1), dtype="float64", order="F")  # columns contiguous
-        for index, column in enumerate([*ctx.numeric, ctx.label]):
+        for index, column in enumerate([*ctx.numeric, *([] if ctx.label_text else [ctx.label])]):
             found = table[column]
             numeric[:, index] = float_numpy(found if found.type == pa.float64() else found.cast(pa.float64()))
         codes, values = {}, {}
-        for column in ctx.categorical:
+        for column in texts:
             if column in table.column_names:
                 found = table[column]
                 if not pa.types.is_dictionary(found.type):
@@ -170,7 +205,10 @@ class Batch:
                 distinct = sorted({v for v in per_source if v is not None})
                 lookup = np.array([distinct.index(v) if v is not None else -1 for v in per_source] + [-1], dtype="int32")
                 codes[column], values[column] = lookup[source_codes], distinct
-        return cls(numeric, codes, values, source_codes, sources)
+        label_codes = label_values = None
+        if ctx.label_text:
+            label_codes, label_values, numeric[:, -1] = text_label(codes.pop(ctx.label), values.pop(ctx.label))
+        return cls(numeric, codes, values, source_codes, sources, label_codes=label_codes, label_values=label_values)
 
     def uri(self, row: int) -> str:
         return self.sources[self.source_codes[row]]
@@ -183,7 +221,11 @@ class Batch:
         for column in ctx.categorical:
             code = self.codes[column][row]
             out[column] = None if code < 0 else self.values[column][code]
-        out[ctx.label] = self.numeric[row, -1]
+        if self.label_codes is None:
+            out[ctx.label] = self.numeric[row, -1]
+        else:
+            code = self.label_codes[row]
+            out[ctx.label] = None if code < 0 else self.label_values[code]
         return out
 
     def finding(self, mask: np.ndarray, ctx: "BatchContext") -> dict[str, Any]:
@@ -199,10 +241,15 @@ class Batch:
 
     def splits(self, keep: np.ndarray, ctx: "BatchContext") -> np.ndarray:
         """Split index of each kept row (the same hash as :func:`assign_splits` on a pandas frame)."""
+        return split_of_hashes(self.hashes(keep, ctx), ctx.split)
+
+    def hashes(self, keep: np.ndarray, ctx: "BatchContext") -> np.ndarray:
+        """The seeded 64-bit hash of each kept row's used values (sorted column order)."""
         if not keep.any():
-            return np.zeros(0, dtype="int8")
+            return np.zeros(0, dtype="uint64")
         positions = {column: index for index, column in enumerate(ctx.numeric)}
-        positions[ctx.label] = len(ctx.numeric)
+        if self.label_codes is None:
+            positions[ctx.label] = len(ctx.numeric)
         every = bool(keep.all())
         canonical = {}
         for column in ctx.plan.hashed:
@@ -210,9 +257,18 @@ class Batch:
                 values = self.numeric[:, positions[column]]
                 canonical[column] = values if every else values[keep]
             else:
-                codes = self.codes[column] if every else self.codes[column][keep]
-                canonical[column] = (codes, self.values[column])
-        return split_of_hashes(hash_columns(list(canonical.values()), ctx.seed), ctx.split)
+                codes, values = ((self.label_codes, self.label_values) if column == ctx.label
+                                 else (self.codes[column], self.values[column]))
+                canonical[column] = (codes if every else codes[keep], values)
+        return hash_columns(list(canonical.values()), ctx.seed)
+
+    def kept_label(self, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """The kept rows' label: its numeric column, and a text label's codes (None for a numeric label)."""
+        every = bool(keep.all())
+        label = self.numeric[:, -1] if every else self.numeric[keep, -1]
+        if self.label_codes is None:
+            return label, None
+        return label, self.label_codes if every else self.label_codes[keep]
 
 
 def normalise(batch: pd.DataFrame, ctx: BatchContext) -> tuple[pd.DataFrame, list[str], dict[str, dict]]:
@@ -232,7 +288,7 @@ def normalise(batch: pd.DataFrame, ctx: BatchContext) -> tuple[pd.DataFrame, lis
             values = batch[column].reset_index(drop=True)
         else:  # derived from the file name
             values = pd.Series([ctx.derived.get(uri, {}).get(column) for uri in uris], dtype=object)
-        if column in ctx.categorical:
+        if column in ctx.categorical or (ctx.label_text and column == ctx.label):
             raw = values.astype(object)
             frame[column] = raw.where(raw.notna(), None).map(lambda v: v if v is None else str(v))
             continue

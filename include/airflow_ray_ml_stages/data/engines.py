@@ -1,8 +1,9 @@
 """The two engines that run the per-batch functions over the sources (:func:`choose_engine` picks one).
 
 - ``direct``: pyarrow in the job's driver, batches processed on a thread per core; pass 1 keeps
-  the canonical kept rows and their split in local Arrow IPC scratch files, so pass 2 neither
-  parses the input again nor rehashes. No Ray Data start-up, no ``ray.init``.
+  the canonical kept rows and their split (classification: their hash bin) in local Arrow IPC
+  scratch files, so pass 2 neither parses the input again nor rehashes. No Ray Data start-up, no
+  ``ray.init``.
 - ``ray_data``: Ray Data tasks across the cluster (one fused read -> map -> write task per file),
   for inputs large enough that other nodes' CPUs pay for its start-up.
 """
@@ -19,7 +20,9 @@ import numpy as np
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.data.batch import Batch, BatchContext, dictionary_codes, float_numpy, joined
 from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
-from airflow_ray_ml_stages.data.profile import merge_summaries, summarise_and_split, summarise_batch
+from airflow_ray_ml_stages.data.labels import place_rows
+from airflow_ray_ml_stages.data.profile import (merge_split_summaries, merge_summaries, split_summaries,
+                                                summarise_and_split, summarise_batch)
 from airflow_ray_ml_stages.data.schema import ColumnPlan
 from airflow_ray_ml_stages.data.sources import SourceLayout, filesystem_of, reader_path
 from airflow_ray_ml_stages.data.split import SPLIT_COLUMN, SPLITS
@@ -51,7 +54,8 @@ def _csv_options(layout: SourceLayout, plan: ColumnPlan):
     import pyarrow.csv as pacsv
 
     used = [c for c in layout.columns if c in plan.used]
-    types = {c: (pa.dictionary(pa.int32(), pa.string()) if c in plan.categorical else pa.float64()) for c in used}
+    text = {*plan.categorical, *([plan.label] if plan.label_text else [])}
+    types = {c: (pa.dictionary(pa.int32(), pa.string()) if c in text else pa.float64()) for c in used}
     return (pacsv.ParseOptions(delimiter=layout.delimiter),
             pacsv.ConvertOptions(column_types=types, include_columns=used))
 
@@ -110,22 +114,34 @@ def _in_order(function, items: Iterable, workers: int):
             yield pending.popleft().result()
 
 
-def _scratch_table(batch: Batch, keep: np.ndarray, splits: np.ndarray, ctx: BatchContext):
-    """The kept rows of a batch as pass 2 needs them: canonical values and their split index."""
+# The scratch column of where each kept row goes: its split index, or in classification (whose cut
+# points are known only after pass 1) its hash bin.
+PLACEMENT_COLUMN = "placement"
+LABEL_TEXT_COLUMN = "label"
+
+
+def _scratch_table(batch: Batch, keep: np.ndarray, placement: np.ndarray, ctx: BatchContext):
+    """The kept rows of a batch as pass 2 needs them: canonical values and their placement."""
     import pyarrow as pa
+
+    def dictionary(codes: np.ndarray, values: list):
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(values, pa.string()))
 
     every = bool(keep.all())
     numeric = batch.numeric if every else batch.numeric[keep]
     columns = {f"n{index}": numeric[:, index] for index in range(numeric.shape[1])}
     for position, column in enumerate(ctx.categorical):
-        codes = batch.codes[column] if every else batch.codes[column][keep]
-        columns[f"c{position}"] = pa.DictionaryArray.from_arrays(
-            pa.array(codes, pa.int32(), mask=codes < 0), pa.array(batch.values[column], pa.string()))
-    columns[SPLIT_COLUMN] = splits
+        columns[f"c{position}"] = dictionary(batch.codes[column] if every else batch.codes[column][keep],
+                                             batch.values[column])
+    if batch.label_codes is not None:
+        columns[LABEL_TEXT_COLUMN] = dictionary(batch.kept_label(keep)[1], batch.label_values)
+    columns[PLACEMENT_COLUMN] = placement
     return pa.table(columns)
 
 
-def _from_scratch(table, ctx: BatchContext) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list], np.ndarray]:
+def _from_scratch(table, ctx: BatchContext) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, list], np.ndarray,
+                                                    np.ndarray | None]:
+    """Canonical rows back from a scratch table, with each row's split and (classification) class index."""
     width = len(ctx.numeric) + 1
     numeric = np.empty((table.num_rows, width), dtype="float64", order="F")
     for index in range(width):
@@ -133,7 +149,23 @@ def _from_scratch(table, ctx: BatchContext) -> tuple[np.ndarray, dict[str, np.nd
     codes, values = {}, {}
     for position, column in enumerate(ctx.categorical):
         codes[column], values[column] = dictionary_codes(table[f"c{position}"])
-    return numeric, codes, values, joined([chunk.to_numpy() for chunk in table[SPLIT_COLUMN].chunks], "int8")
+    placement = joined([chunk.to_numpy() for chunk in table[PLACEMENT_COLUMN].chunks], "int16")
+    if not ctx.stratified:
+        return numeric, codes, values, placement, None
+    label_codes, label_values = (dictionary_codes(table[LABEL_TEXT_COLUMN]) if ctx.label_text else (None, None))
+    split, class_index = place_rows(numeric[:, -1], label_codes, label_values, placement, ctx)
+    return numeric, codes, values, split, class_index
+
+
+def _scratch_files(scratch: str) -> list[str]:
+    return sorted(name for name in os.listdir(scratch) if name.startswith("batch-"))
+
+
+def _read_scratch(scratch: str, name: str):
+    import pyarrow as pa
+
+    with pa.memory_map(os.path.join(scratch, name)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def profile_direct(layouts: list[SourceLayout], ctx: BatchContext, scratch: str, workers: int) -> dict[str, Any]:
@@ -163,7 +195,16 @@ def profile_direct(layouts: list[SourceLayout], ctx: BatchContext, scratch: str,
                 writer.write_table(part)
         return summary
 
-    return merge_summaries(_in_order(profile, tables(), workers), len(ctx.numeric) + 1)
+    return merge_summaries(_in_order(profile, tables(), workers), len(ctx.numeric) + 1, ctx.max_categories)
+
+
+def summarise_splits_direct(scratch: str, ctx: BatchContext, workers: int) -> dict[str, dict[str, Any]]:
+    """Classification's per-split summary in the driver, from pass 1's scratch files (kept for pass 2)."""
+    def summarise(name: str) -> dict[str, dict[str, Any]]:
+        numeric, codes, values, split, class_index = _from_scratch(_read_scratch(scratch, name), ctx)
+        return split_summaries(numeric, codes, values, split, class_index, ctx)
+
+    return merge_split_summaries(_in_order(summarise, _scratch_files(scratch), workers), len(ctx.numeric) + 1)
 
 
 def write_direct(splits_dir: str, scratch: str, ctx: BatchContext, preprocessor: Preprocessor, label_integral: bool,
@@ -176,20 +217,17 @@ def write_direct(splits_dir: str, scratch: str, ctx: BatchContext, preprocessor:
     import pyarrow.parquet as pq
 
     filesystem, root = artifacts.resolve(splits_dir)
-    files = sorted(name for name in os.listdir(scratch) if name.startswith("batch-"))
+    files = _scratch_files(scratch)
 
     def transform_file(name: str) -> list:
-        with pa.memory_map(os.path.join(scratch, name)) as source:
-            table = pa.ipc.open_file(source).read_all()
-        numeric, codes, values, split = _from_scratch(table, ctx)
-        del table
+        numeric, codes, values, split, class_index = _from_scratch(_read_scratch(scratch, name), ctx)
         os.remove(os.path.join(scratch, name))
         parts = []
         for index in range(len(SPLITS)):
             rows = np.flatnonzero(split == index)
             if len(rows):
                 columns = output_columns(numeric[rows], {c: v[rows] for c, v in codes.items()}, values, ctx,
-                                         preprocessor, label_integral)
+                                         preprocessor, label_integral, None if class_index is None else class_index[rows])
                 parts.append((index, pa.table(columns)))
         return parts
 

@@ -3,6 +3,11 @@
 Each batch is summarised (:func:`summarise_and_split`), the summaries are merged
 (:func:`merge_summaries`), and the merged total becomes the data profile (:func:`build_profile`,
 written as ``profile.json``).
+
+Classification splits by class at cut points that need every row's class first, so its pass 1
+summarises the findings and the classes' hash histograms only (no splits yet); once the cut points
+are known, a second summary pass (:func:`split_summaries` per batch, merged with
+:func:`merge_split_summaries`) gives the per-split part.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from typing import Any, Iterable
 import numpy as np
 
 from airflow_ray_ml_stages.data.batch import Batch, BatchContext
+from airflow_ray_ml_stages.data.labels import class_summary, empty_class_summary, label_key, merge_class_summaries, place_rows
 from airflow_ray_ml_stages.data.schema import ColumnPlan
 from airflow_ray_ml_stages.data.sources import SourceLayout
-from airflow_ray_ml_stages.data.split import SPLITS
+from airflow_ray_ml_stages.data.split import SPLITS, bins_of_hashes
 from airflow_ray_ml_stages.data.validation import clean_batch, merge_finding
 from airflow_ray_ml_stages.preprocessor import Moments
 from airflow_ray_ml_stages.specs import PreprocessSpec
@@ -39,10 +45,14 @@ def take_rows(numeric: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def summarise_and_split(batch: Batch, ctx: BatchContext) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """:func:`summarise_batch`, the rows kept, and each kept row's split index."""
+    """:func:`summarise_batch`, the rows kept, and where each kept row goes.
+
+    That is each kept row's split index, except in classification's pass 1 (``ctx.cuts`` not yet
+    known), which summarises no splits and returns each kept row's hash bin instead (what pass 2
+    needs to place the row once the cut points are known).
+    """
     keep, non_finite, out_of_range = clean_batch(batch, ctx)
     numeric = take_rows(batch.numeric, keep) if not keep.all() else batch.numeric
-    splits = batch.splits(keep, ctx)
     label = numeric[:, -1]
     integral = bool(np.all(label == np.round(label)))
     summary: dict[str, Any] = {
@@ -50,20 +60,52 @@ def summarise_and_split(batch: Batch, ctx: BatchContext) -> tuple[dict[str, Any]
         "non_finite": non_finite, "label_out_of_range": out_of_range, "label_integral": integral, "splits": {},
     }
     codes = {column: batch.codes[column][keep] for column in ctx.categorical}
+    class_index = None
+    if not ctx.stratified:
+        splits = batch.splits(keep, ctx)
+    else:
+        bins = bins_of_hashes(batch.hashes(keep, ctx))
+        if ctx.cuts is None:
+            summary["classes"] = class_summary(batch, keep, bins, ctx)
+            summary["splits"] = {name: _empty_split(numeric.shape[1]) for name in SPLITS}
+            return summary, keep, bins
+        kept_label, label_codes = batch.kept_label(keep)
+        splits, class_index = place_rows(kept_label, label_codes, batch.label_values, bins, ctx)
+    summary["splits"] = split_summaries(numeric, codes, batch.values, splits, class_index, ctx)
+    return summary, keep, splits
+
+
+def _empty_split(width: int) -> dict[str, Any]:
+    return {"rows": 0, "moments": Moments.empty(width).to_dict(), "categories": {}, "labels": {}}
+
+
+def split_summaries(numeric: np.ndarray, codes: dict[str, np.ndarray], values: dict[str, list], splits: np.ndarray,
+                    class_index: np.ndarray | None, ctx: BatchContext) -> dict[str, dict[str, Any]]:
+    """Per split: rows, moments, category counts and label counts of kept rows in canonical arrays.
+
+    :param class_index: classification: each row's index into ``ctx.classes`` (the label counts
+        are then per class); None: the label counts are per value of an integer-valued label.
+    """
+    label = numeric[:, -1]
+    integral = class_index is None and bool(np.all(label == np.round(label)))
+    out = {}
     for index, name in enumerate(SPLITS):
         mask = splits == index
         part = take_rows(numeric, mask)
         categories = {}
         for column in ctx.categorical:
-            counts = np.bincount(codes[column][mask], minlength=len(batch.values[column]))
-            categories[column] = {str(batch.values[column][i]): int(counts[i]) for i in np.flatnonzero(counts)}
+            counts = np.bincount(codes[column][mask], minlength=len(values[column]))
+            categories[column] = {str(values[column][i]): int(counts[i]) for i in np.flatnonzero(counts)}
         labels = {}
-        if integral:
+        if class_index is not None:
+            counts = np.bincount(class_index[mask], minlength=len(ctx.classes))
+            labels = {str(ctx.classes[i]): int(counts[i]) for i in np.flatnonzero(counts)}
+        elif integral:
             found, counts = np.unique(part[:, -1], return_counts=True)
-            labels = {_label_key(k): int(v) for k, v in zip(found, counts)}
-        summary["splits"][name] = {"rows": int(mask.sum()), "moments": Moments.of(part).to_dict(),
-                                   "categories": categories, "labels": labels}
-    return summary, keep, splits
+            labels = {label_key(k): int(v) for k, v in zip(found, counts)}
+        out[name] = {"rows": int(mask.sum()), "moments": Moments.of(part).to_dict(),
+                     "categories": categories, "labels": labels}
+    return out
 
 
 def summarise(frame: pd.DataFrame, uris: list[str], ctx: BatchContext, non_numeric: dict) -> dict[str, Any]:
@@ -71,14 +113,15 @@ def summarise(frame: pd.DataFrame, uris: list[str], ctx: BatchContext, non_numer
     return summarise_batch(Batch.from_frame(frame, uris, ctx, non_numeric), ctx)
 
 
-def _label_key(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+def merge_summaries(summaries: Iterable[dict[str, Any]], width: int, max_classes: int = 100) -> dict[str, Any]:
+    """The batches' summaries merged (moments as :class:`Moments`, class histograms as numpy arrays).
 
-
-def merge_summaries(summaries: Iterable[dict[str, Any]], width: int) -> dict[str, Any]:
+    :param max_classes: classification: past this many classes the histograms are dropped (see
+        :func:`~airflow_ray_ml_stages.data.labels.merge_class_summaries`).
+    """
     total: dict[str, Any] = {
         "rows": 0, "kept": 0, "non_numeric": {}, "non_finite": {}, "label_out_of_range": {}, "label_integral": True,
-        "splits": {name: {"rows": 0, "moments": Moments.empty(width), "categories": {}, "labels": {}} for name in SPLITS},
+        "splits": _empty_splits(width), "classes": empty_class_summary(),
     }
     for summary in summaries:
         total["rows"] += summary["rows"]
@@ -86,16 +129,34 @@ def merge_summaries(summaries: Iterable[dict[str, Any]], width: int) -> dict[str
         for key in ("non_numeric", "non_finite", "label_out_of_range"):
             merge_finding(total[key], summary[key])
         total["label_integral"] &= summary["label_integral"]
-        for name in SPLITS:
-            into, part = total["splits"][name], summary["splits"][name]
-            into["rows"] += part["rows"]
-            into["moments"] = into["moments"].merge(Moments.from_dict(part["moments"]))
-            for column, counts in part["categories"].items():
-                target = into["categories"].setdefault(column, {})
-                for value, count in counts.items():
-                    target[value] = target.get(value, 0) + count
-            for value, count in part["labels"].items():
-                into["labels"][value] = into["labels"].get(value, 0) + count
+        if "classes" in summary:
+            merge_class_summaries(total["classes"], summary["classes"], max_classes)
+        _merge_splits(total["splits"], summary["splits"])
+    return total
+
+
+def _empty_splits(width: int) -> dict[str, dict[str, Any]]:
+    return {name: {"rows": 0, "moments": Moments.empty(width), "categories": {}, "labels": {}} for name in SPLITS}
+
+
+def _merge_splits(total: dict[str, dict[str, Any]], summary: dict[str, dict[str, Any]]) -> None:
+    for name in SPLITS:
+        into, part = total[name], summary[name]
+        into["rows"] += part["rows"]
+        into["moments"] = into["moments"].merge(Moments.from_dict(part["moments"]))
+        for column, counts in part["categories"].items():
+            target = into["categories"].setdefault(column, {})
+            for value, count in counts.items():
+                target[value] = target.get(value, 0) + count
+        for value, count in part["labels"].items():
+            into["labels"][value] = into["labels"].get(value, 0) + count
+
+
+def merge_split_summaries(parts: Iterable[dict[str, dict[str, Any]]], width: int) -> dict[str, dict[str, Any]]:
+    """Per-split summaries (:func:`split_summaries`) of many batches merged, as ``merge_summaries`` does."""
+    total = _empty_splits(width)
+    for part in parts:
+        _merge_splits(total, part)
     return total
 
 
@@ -111,12 +172,30 @@ def _stats(moments: Moments, columns: list[str]) -> dict[str, dict[str, float | 
     return result
 
 
+def _label_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec,
+                   classes: list[Any] | None) -> dict[str, Any]:
+    if classes is None:
+        return {"column": plan.label, "integral": total["label_integral"],
+                "distribution": ({name: dict(sorted(total["splits"][name]["labels"].items(), key=lambda kv: float(kv[0])))
+                                  for name in SPLITS} if total["label_integral"] else None)}
+    return {"column": plan.label, "task": "classification", "text": plan.label_text,
+            "threshold": spec.label_threshold, "classes": classes,
+            "class_counts": {name: {str(c): total["splits"][name]["labels"].get(str(c), 0) for c in classes}
+                             for name in SPLITS}}
+
+
 def build_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec, layouts: list[SourceLayout],
-                  fingerprint: str) -> dict[str, Any]:
-    columns = [*plan.numeric, plan.label]
-    overall = Moments.empty(len(columns))
+                  fingerprint: str, classes: list[Any] | None = None) -> dict[str, Any]:
+    """The data profile (``profile.json``) of the merged total; ``classes`` for classification."""
+    width = len(plan.numeric) + 1
+    columns = [*plan.numeric, plan.label][: width - 1 if plan.label_text else width]  # a text label has no statistics
+    overall = Moments.empty(width)
     for name in SPLITS:
         overall = overall.merge(total["splits"][name]["moments"])
+    method = "seeded hash of each row's used values (sorted column order)"
+    if classes is not None:
+        method = ("stratified: within each class, rows are ordered by a seeded hash of their used values (sorted "
+                  "column order) and cut at the fractions; every class has at least one training row")
     return {
         "fingerprint": fingerprint,
         "sources": [{"uri": l.uri, "format": l.file_format, "delimiter": l.delimiter, "columns": l.all_columns}
@@ -124,13 +203,10 @@ def build_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec,
         "rows": {"read": total["rows"], "dropped": total["rows"] - total["kept"],
                  **{name: total["splits"][name]["rows"] for name in SPLITS}},
         "dropped_by_column": {c: f["count"] for c, f in total["non_finite"].items()},
-        "split": {"fractions": spec.split, "seed": spec.seed,
-                  "method": "seeded hash of each row's used values (sorted column order)"},
+        "split": {"fractions": spec.split, "seed": spec.seed, "method": method},
         "columns": _stats(overall, columns),
         "columns_by_split": {name: _stats(total["splits"][name]["moments"], columns) for name in SPLITS},
         "categories": {c: {name: total["splits"][name]["categories"].get(c, {}) for name in SPLITS}
                        for c in plan.categorical},
-        "label": {"column": plan.label, "integral": total["label_integral"],
-                  "distribution": ({name: dict(sorted(total["splits"][name]["labels"].items(), key=lambda kv: float(kv[0])))
-                                    for name in SPLITS} if total["label_integral"] else None)},
+        "label": _label_profile(total, plan, spec, classes),
     }

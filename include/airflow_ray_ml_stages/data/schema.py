@@ -2,7 +2,7 @@
 
 :func:`plan_columns` raises on files that do not share one schema, a missing label or feature
 column, or an unexpected column, and decides which features are numeric and which categorical
-(:class:`ColumnPlan`).
+and whether a classification label is read as text (:class:`ColumnPlan`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,16 @@ NULL_TOKENS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "
 
 @dataclass
 class ColumnPlan:
+    """The used columns by kind.
+
+    :param label_text: the label is read as text (a classification label whose values are not
+        numbers: each distinct string a class); otherwise as float64 like the numeric columns.
+    """
+
     numeric: list[str]
     categorical: list[str]
     label: str
+    label_text: bool = False
 
     @property
     def features(self) -> list[str]:
@@ -52,18 +59,33 @@ def _looks_categorical(layout: SourceLayout, column: str) -> bool:
         with filesystem.open_input_file(inner) as handle:
             kind = pq.ParquetFile(handle).schema_arrow.field(column).type
         return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind)
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    complete = layout.head[: layout.head.rfind(b"\n") + 1] or layout.head
-    sample = pacsv.read_csv(
-        pa.py_buffer(complete), read_options=pacsv.ReadOptions(use_threads=False),
-        parse_options=pacsv.ParseOptions(delimiter=layout.delimiter, invalid_row_handler=lambda row: "skip"),
-        convert_options=pacsv.ConvertOptions(column_types={column: pa.string()}, include_columns=[column],
-                                             strings_can_be_null=False),
-    )[column].to_pylist()
-    values = [value.strip() for value in sample if value.strip() not in NULL_TOKENS]
+    values = _head_values(layout, column)
     return bool(values) and not any(_is_number(value) for value in values)
+
+
+def _head_values(layout: SourceLayout, column: str) -> list[str]:
+    """The non-empty values of ``column`` in the file's first rows, as text (for checks and messages)."""
+    if column in layout.derived:
+        return [layout.derived[column]]
+    if layout.file_format == "parquet":
+        import pyarrow.parquet as pq
+
+        filesystem, inner = filesystem_of(layout.path)
+        with filesystem.open_input_file(inner) as handle:
+            first = next(pq.ParquetFile(handle).iter_batches(batch_size=100, columns=[column]), None)
+        sample = [] if first is None else [None if v is None else str(v) for v in first.column(0).to_pylist()]
+    else:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        complete = layout.head[: layout.head.rfind(b"\n") + 1] or layout.head
+        sample = pacsv.read_csv(
+            pa.py_buffer(complete), read_options=pacsv.ReadOptions(use_threads=False),
+            parse_options=pacsv.ParseOptions(delimiter=layout.delimiter, invalid_row_handler=lambda row: "skip"),
+            convert_options=pacsv.ConvertOptions(column_types={column: pa.string()}, include_columns=[column],
+                                                 strings_can_be_null=False),
+        )[column].to_pylist()
+    return [value.strip() for value in sample if value is not None and value.strip() not in NULL_TOKENS]
 
 
 def _is_number(text: str) -> bool:
@@ -118,4 +140,26 @@ def plan_columns(layouts: list[SourceLayout], spec: PreprocessSpec) -> ColumnPla
     else:
         categorical = [c for c in features if _looks_categorical(first, c)]
     numeric = [c for c in features if c not in categorical]
-    return ColumnPlan(numeric, categorical, spec.label_column)
+    return ColumnPlan(numeric, categorical, spec.label_column, _label_is_text(first, spec))
+
+
+def _label_is_text(layout: SourceLayout, spec: PreprocessSpec) -> bool:
+    """Whether the label is read as text: a classification label whose first values are not numbers.
+
+    A regression label is always numeric, so text in it stays the non-numeric error it is today.
+    """
+    if spec.task != "classification" or not _looks_categorical(layout, spec.label_column):
+        return False
+    sample = sorted(set(_head_values(layout, spec.label_column)))[:5]
+    if spec.label_threshold is not None:
+        raise DataSourceError(
+            f"label_threshold={spec.label_threshold} makes two classes of a numeric label, but label column "
+            f"{spec.label_column!r} of {layout.uri!r} holds text, e.g. {sample}: drop label_threshold to use its "
+            f"values as the classes, or give a numeric label"
+        )
+    if spec.label_range is not None:
+        raise DataSourceError(
+            f"label_range={spec.label_range} checks a numeric label, but label column {spec.label_column!r} of "
+            f"{layout.uri!r} holds text, e.g. {sample}: drop label_range (each text value is a class)"
+        )
+    return True

@@ -3,6 +3,12 @@
 The hash is pandas' ``hash_pandas_object`` computed with numpy alone, so the same input and seed
 give the same split membership whatever the engine, the batching, the number of CPUs, the order
 of the files or their format.
+
+Regression cuts each row's hash, read as a uniform number in [0, 1), at the split fractions
+(:func:`split_of_hashes`). Classification stratifies: pass 1 counts each class's rows per hash bin
+(:func:`bins_of_hashes`, ``STRATA_BINS`` bins), :func:`stratified_cuts` places each class's cut
+points at its fractions, and a row's split compares its bin with its class's cuts
+(:func:`split_of_bins`). Both depend only on the rows' content and the seed.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 
 SPLITS = ("train", "validation", "test")
 SPLIT_COLUMN = "split"
+# Hash bins per class for the stratified split: a class's cut points fall between bins, so a class
+# of n rows meets its fractions to within about n / STRATA_BINS rows (exactly, below ~100 rows).
+STRATA_BINS = 1024
 
 
 def hash_key(seed: int) -> str:
@@ -24,11 +33,46 @@ def hash_key(seed: int) -> str:
     return hashlib.sha256(f"rayml-split-{seed}".encode()).hexdigest()[:16]
 
 
+def _uniform(hashed: np.ndarray) -> np.ndarray:
+    """Each 64-bit row hash as a uniform number in [0, 1) (its top 53 bits)."""
+    return (hashed >> np.uint64(11)).astype("float64") * 2.0**-53
+
+
 def split_of_hashes(hashed: np.ndarray, fractions: list[float]) -> np.ndarray:
     """Split index (0 train, 1 validation, 2 test) of each 64-bit row hash, for the split fractions."""
-    uniform = (hashed >> np.uint64(11)).astype("float64") * 2.0**-53
     bounds = np.cumsum(fractions)[:2]
-    return np.searchsorted(bounds, uniform, side="right").astype("int8")
+    return np.searchsorted(bounds, _uniform(hashed), side="right").astype("int8")
+
+
+def bins_of_hashes(hashed: np.ndarray) -> np.ndarray:
+    """Each row hash's bin among ``STRATA_BINS`` equal bins of [0, 1) (int16)."""
+    return (_uniform(hashed) * STRATA_BINS).astype("int16")
+
+
+def stratified_cuts(histogram: np.ndarray, fractions: list[float]) -> tuple[int, int]:
+    """One class's cut points ``(train_end, validation_end)``: bin indexes, from its rows per bin.
+
+    A row in a bin below ``train_end`` is a training row, below ``validation_end`` a validation
+    row, else a test row. The cuts are the bin edges whose row counts come closest to the
+    fractions (rounded half up), and a class with any row has at least one training row, so a
+    class of one row trains and a class of two trains and validates (with a validation fraction).
+    """
+    edges = np.concatenate([[0], np.cumsum(histogram)])  # rows below each bin edge
+    rows = int(edges[-1])
+    if rows == 0:
+        return 0, 0
+    train_target = max(1, int(np.floor(fractions[0] * rows + 0.5)))
+    validation_target = max(train_target, int(np.floor((fractions[0] + fractions[1]) * rows + 0.5)))
+    distance = np.abs(edges - train_target).astype("float64")
+    distance[edges < 1] = np.inf  # never cut before the class's first row
+    train_end = int(np.argmin(distance))
+    later = np.abs(edges[train_end:] - validation_target)
+    return train_end, train_end + int(np.argmin(later))
+
+
+def split_of_bins(bins: np.ndarray, train_end: np.ndarray, validation_end: np.ndarray) -> np.ndarray:
+    """Split index of each row from its hash bin and its class's cut points (per row)."""
+    return ((bins >= train_end).astype("int8") + (bins >= validation_end).astype("int8")).astype("int8")
 
 
 # The row hash is pandas' ``hash_pandas_object(frame, index=False)`` (the split of a row must never

@@ -2,7 +2,8 @@
 
 Inspect the sources and plan the columns, run pass 1 on the chosen engine and raise any failed
 check, fit the preprocessor on the train split's summary, then run pass 2 and write the splits,
-every scaler's preprocessor and the profile.
+every scaler's preprocessor and the profile. Classification adds a step after pass 1: the classes
+and their stratified cut points, then the per-split summary the preprocessor is fitted on.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.data.batch import BatchContext
 from airflow_ray_ml_stages.data.deferred_pandas import pandas_deferred
 from airflow_ray_ml_stages.data.engines import (BATCH_ROWS, available_cores, choose_engine, connect_ray, profile_direct, ray_uri,
-                                read_dataset, summarise_ray_batch, transform_ray_batch, write_direct)
-from airflow_ray_ml_stages.data.profile import build_profile, merge_summaries
+                                read_dataset, summarise_ray_batch, summarise_splits_direct, transform_ray_batch,
+                                write_direct)
+from airflow_ray_ml_stages.data.labels import fit_classes
+from airflow_ray_ml_stages.data.profile import build_profile, merge_split_summaries, merge_summaries
 from airflow_ray_ml_stages.data.schema import plan_columns
 from airflow_ray_ml_stages.data.sources import download, fingerprint_sources, inspect_source, reader_path
 from airflow_ray_ml_stages.data.split import SPLIT_COLUMN, SPLITS
@@ -50,9 +53,13 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         path = download(uri, scratch) if uri.startswith(("http://", "https://")) else reader_path(uri)
         layouts.append(inspect_source(uri, path, spec))
     plan = plan_columns(layouts, spec)
-    log.info("sources %s: numeric %s, categorical %s, label %r", spec.source, plan.numeric, plan.categorical, plan.label)
+    log.info("sources %s: numeric %s, categorical %s, label %r%s", spec.source, plan.numeric, plan.categorical, plan.label,
+             " (text)" if plan.label_text else "")
     ctx = BatchContext(plan.numeric, plan.categorical, plan.label, list(spec.split), spec.seed, spec.nan_policy,
-                       spec.label_range, {l.path: l.uri for l in layouts}, {l.uri: l.derived for l in layouts})
+                       spec.label_range, {l.path: l.uri for l in layouts}, {l.uri: l.derived for l in layouts},
+                       task=spec.task, label_text=plan.label_text, label_threshold=spec.label_threshold,
+                       max_categories=spec.max_categories)
+    width = len(plan.numeric) + 1  # the numeric columns and the label
 
     fingerprint: dict[str, str] = {}
     hasher = threading.Thread(target=fingerprint_sources, args=(layouts, fingerprint), daemon=True)
@@ -72,7 +79,7 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
             dataset = read_dataset(layouts, plan, spec)
             rows = dataset.map_batches(summarise_ray_batch, batch_format="pyarrow", batch_size=BATCH_ROWS,
                                        fn_kwargs={"ctx": ctx}).take_all()
-            total = merge_summaries((json.loads(row["summary"]) for row in rows), len(plan.numeric) + 1)
+            total = merge_summaries((json.loads(row["summary"]) for row in rows), width, spec.max_categories)
     except DataSourceError:
         raise
     except Exception:
@@ -86,6 +93,17 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     if dropped:
         log.warning("dropped %d of %d rows with NaN, infinite or missing values: %s", dropped, total["rows"],
                     {c: f["count"] for c, f in total["non_finite"].items()})
+    if ctx.stratified:
+        # A row's split needs its class's cut points, known only now: summarise the splits again.
+        ctx.classes, ctx.cuts = fit_classes(total["classes"], ctx)
+        started = time.perf_counter()
+        if engine == "direct":
+            total["splits"] = summarise_splits_direct(rows_dir, ctx, workers)
+        else:
+            rows = dataset.map_batches(summarise_ray_batch, batch_format="pyarrow", batch_size=BATCH_ROWS,
+                                       fn_kwargs={"ctx": ctx}).take_all()
+            total["splits"] = merge_split_summaries((json.loads(row["summary"])["splits"] for row in rows), width)
+        log.info("classes %s; stratified split summarised in %.2f s", ctx.classes, time.perf_counter() - started)
 
     train = total["splits"]["train"]
     categories = {}
@@ -97,10 +115,11 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
                 f"max_categories={spec.max_categories}), e.g. {values[:5]}: drop it or raise max_categories"
             )
         categories[column] = values
-    width = len(plan.numeric)
+    width = len(plan.numeric)  # the scaler's columns: without the label
     train_moments = Moments(train["moments"].count, train["moments"].mean[:width], train["moments"].m2[:width],
                             train["moments"].minimum[:width], train["moments"].maximum[:width])
-    preprocessor = Preprocessor.fit(spec.scaler, plan.numeric, train_moments, categories, plan.label)
+    preprocessor = Preprocessor.fit(spec.scaler, plan.numeric, train_moments, categories, plan.label, spec.task,
+                                    ctx.classes)
     hasher.join()
 
     # Everything is valid: now write.
@@ -122,11 +141,11 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     # trial or the train stage maps the written splits to another scaler exactly, without a refit.
     variants = {}
     for scaler in SCALERS:
-        variant = Preprocessor.fit(scaler, plan.numeric, train_moments, categories, plan.label)
+        variant = Preprocessor.fit(scaler, plan.numeric, train_moments, categories, plan.label, spec.task, ctx.classes)
         variants[scaler] = artifacts.join(spec.artifact_dir, "preprocessors", f"{scaler}.json")
         artifacts.write_bytes_atomic(variants[scaler], variant.to_json().encode("utf-8"))
     profile_uri = artifacts.join(spec.artifact_dir, "profile.json")
-    profile = build_profile(total, plan, spec, layouts, fingerprint.get("fingerprint", ""))
+    profile = build_profile(total, plan, spec, layouts, fingerprint.get("fingerprint", ""), ctx.classes)
     profile["engine"] = {"name": engine, "reason": engine_reason}
     artifacts.write_json_atomic(profile_uri, profile)
     counts = {name: total["splits"][name]["rows"] for name in SPLITS}
@@ -142,6 +161,8 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         label_column=plan.label,
         fingerprint=fingerprint.get("fingerprint", ""),
         preprocessor_variants=variants,
+        task=spec.task,
+        classes=ctx.classes,
     )
 
 

@@ -68,7 +68,7 @@ def raise_findings(total: dict[str, Any], ctx: BatchContext) -> None:
     for column, finding in total["non_numeric"].items():
         raise DataSourceError(
             f"column {column!r} must be numeric but has {finding['count']} non-numeric value(s) {describe(finding)}. "
-            f"Fix the values, or list {column!r} in categorical_columns if it is a category"
+            f"Fix the values, or {_text_fix(column, ctx.label)}"
         )
     if total["non_finite"] and ctx.nan_policy == "fail":
         column, finding = next(iter(total["non_finite"].items()))
@@ -83,7 +83,8 @@ def raise_findings(total: dict[str, Any], ctx: BatchContext) -> None:
             f"label column {column!r} has {finding['count']} value(s) outside label_range {ctx.label_range} "
             f"{describe(finding)}. Fix the labels or widen label_range"
         )
-    if total["splits"]["train"]["rows"] == 0:
+    # A classification split (decided after this check) gives every class a training row.
+    if total["kept"] == 0 or (not ctx.stratified and total["splits"]["train"]["rows"] == 0):
         raise DataSourceError(
             f"no training rows: {total['rows']} rows read, {total['rows'] - total['kept']} dropped, "
             f"split {ctx.split}. Give more data or a larger train fraction"
@@ -97,7 +98,7 @@ def diagnose_csv(layouts: list[SourceLayout], plan: ColumnPlan, chunk_rows: int 
     for layout in layouts:
         if layout.file_format != "csv":
             continue
-        numeric = [c for c in layout.columns if c in plan.numeric or c == plan.label]
+        numeric = [c for c in layout.columns if c in plan.numeric or (c == plan.label and not plan.label_text)]
         filesystem, inner = filesystem_of(layout.path)
         with filesystem.open_input_stream(inner) as stream:
             chunks = pd.read_csv(stream, sep=layout.delimiter, dtype=str, keep_default_na=False,
@@ -113,5 +114,13 @@ def diagnose_csv(layouts: list[SourceLayout], plan: ColumnPlan, chunk_rows: int 
                         raise DataSourceError(
                             f"column {column!r} must be numeric but {layout.uri!r} has non-numeric value(s) "
                             f"{sorted(set(text[bad].head(10)))}; sample rows: {json.dumps(samples)}. Fix the values, "
-                            f"or list {column!r} in categorical_columns if it is a category"
+                            f"or {_text_fix(column, plan.label)}"
                         )
+
+
+def _text_fix(column: str, label: str) -> str:
+    """What to do about text in a numeric column: a category for a feature, classes for the label."""
+    if column == label:
+        return ("set task='classification' to use the label's values as classes (a classification label is read "
+                "as text only when its first rows hold no numbers: make all its values text or all numbers)")
+    return f"list {column!r} in categorical_columns if it is a category"
