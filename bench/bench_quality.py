@@ -102,7 +102,11 @@ def preprocess(work: Path, args, label: str) -> dict:
         fields["seed"] = args.split_seed
     if args.task == "classification":
         fields["task"] = "classification"
-    return run_preprocess(PreprocessSpec(**fields)).to_dict()
+        fields["label_threshold"] = args.label_threshold
+    data = run_preprocess(PreprocessSpec(**fields)).to_dict()
+    if args.task == "classification" and not data.get("classes"):
+        raise SystemExit("the data stage wrote no classes: this checkout's data stage does not classify yet")
+    return data
 
 
 def read_split(data: dict, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -169,16 +173,19 @@ def champion(client, work: Path, data: dict, params: dict, compute: dict, args) 
 
     shared = {"feature_columns": data["feature_columns"], "label_column": data["label_column"],
               "preprocessor_uri": data["preprocessor_uri"], "preprocessor_variants": data["preprocessor_variants"],
-              "data_fingerprint": data["fingerprint"], "compute": compute}
+              "data_fingerprint": data["fingerprint"], "compute": compute, "classes": data.get("classes")}
     splits = {f"{name}_uri": data["split_uris"][name] for name in ("train", "validation")}
     space = default_search_space(params["families"], params["scalers"], params["max_epochs"], params["num_boost_round"])
     tune_spec = {**shared, **splits, "artifact_dir": str(work / "tune"), "search_space": space,
                  "num_samples": args.num_trials, "time_budget_s": args.time_budget_s, "searcher": params["searcher"]}
-    if args.task == "classification":
-        tune_spec["metric"] = "val_log_loss"
     tune_s, tuned = submit(client, "airflow_ray_ml_stages.tune", tune_spec)
     print(f"tune: {tune_s:.1f} s, trials {tuned['trials']}, best {tuned['metric']}={tuned['best_metric']:.4f}: "
           f"{json.dumps(tuned['best_config'])}", flush=True)
+    for row in json.loads(Path(tuned["leaderboard_json_uri"]).read_text()):
+        value = (row["metrics"] or {}).get(tuned["metric"])
+        print(f"  #{row['rank']:<2} {row['family']:9} {row['scaler'] or '-':8} {row['status']:13} "
+              f"{tuned['metric']} {'-' if value is None else f'{value:.4f}':>8} {row['iterations']:>2} reports "
+              f"{row['time_s']:5.1f} s", flush=True)
     train_spec = {**shared, **splits, "test_uri": data["split_uris"]["test"], "artifact_dir": str(work / "train"),
                   "config": tuned["best_config"]}
     train_s, trained = submit(client, "airflow_ray_ml_stages.train", train_spec)
@@ -219,7 +226,7 @@ def baselines(data: dict, task: str) -> dict[str, dict]:
     return found
 
 
-def _class_count(data: dict) -> int:
+def _class_count(data: dict) -> int | None:
     return len(data.get("classes") or []) or None
 
 
@@ -274,6 +281,9 @@ def main() -> int:
     parser.add_argument("--source", nargs="+", help="CSV/Parquet files; default: the generated wine table")
     parser.add_argument("--label", help="the label column (default: the DAG's, quality)")
     parser.add_argument("--task", choices=["regression", "classification"], default="regression")
+    parser.add_argument("--label-threshold", type=float,
+                        help="classification: two classes, 1 where the label is at least this (the DAG's "
+                             "label_threshold); default: each label value is a class")
     parser.add_argument("--group-column", help="also print the metrics per value of this feature (wine: type)")
     parser.add_argument("--num-trials", type=int, help="default: the DAG's num_trials")
     parser.add_argument("--time-budget-s", type=float, help="default: the DAG's time_budget_s")
@@ -297,7 +307,8 @@ def main() -> int:
         label = args.label or params["label_column"]
         data = preprocess(work, args, label)
         print(f"data: {args.source or 'generated wine'} -> rows {data['rows']}, {len(data['feature_columns'])} "
-              f"features, label {label!r} ({args.task})", flush=True)
+              f"features, label {label!r} ({args.task}"
+              f"{', classes ' + str(data['classes']) if data.get('classes') else ''})", flush=True)
         found = baselines(data, args.task)
         print("baselines: " + ", ".join(f"{name} {run['seconds']:.1f} s" for name, run in found.items()), flush=True)
 
