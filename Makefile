@@ -23,7 +23,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade -c $(CONSTRAINTS) pip
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS) -e ".[ml,dev]"
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) --build-constraint $(CONSTRAINTS) -e ".[ml,dev,bench]"
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -149,7 +149,7 @@ with DAG(
                                description="Stop the search after this many seconds; empty: no limit"),
         "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, title="Lightning epochs",
                             section="Search", description="Epochs per Lightning trial"),
-        "num_boost_round": Param(300, type="integer", minimum=1, maximum=10000, title="XGBoost rounds",
+        "num_boost_round": Param(1000, type="integer", minimum=1, maximum=10000, title="XGBoost rounds",
                                  section="Search", description="Boosting rounds per XGBoost trial"),
         # checked when the run is triggered, values included: the schema states SearchSpace's rules
         "search_space": Param(None, **{**search_space_json_schema(), "type": ["null", "object"]},

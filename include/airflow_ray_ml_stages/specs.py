@@ -634,7 +634,7 @@ class TuneSpec(StageSpec):
     compute: dict[str, Any] = dataclasses.field(default_factory=default_compute)
     time_budget_s: float | None = None
     reports_per_trial: int = 10
-    asha_grace_period: int = 1
+    asha_grace_period: int = 2
     asha_reduction_factor: int = 3
     seed: int = 42
     reuse_actors: bool = True

@@ -41,9 +41,11 @@ def test_space_to_ray_samples_configs_that_decode_to_one_familys_hyperparameters
         assert not set(DEFAULT_SEARCH_SPACE[other]) - set(DEFAULT_SEARCH_SPACE[config["family"]]) & set(config)
         if config["family"] == "lightning":
             assert config["hidden_sizes"] in DEFAULT_SEARCH_SPACE["lightning"]["hidden_sizes"]["choice"]
-            assert 1e-3 <= config["lr"] <= 3e-2
+            low, high = DEFAULT_SEARCH_SPACE["lightning"]["lr"]["loguniform"]
+            assert low <= config["lr"] <= high
         else:
-            assert 3 <= config["max_depth"] < 11 and isinstance(config["max_depth"], int)
+            low, high = DEFAULT_SEARCH_SPACE["xgboost"]["max_depth"]["randint"]  # high exclusive
+            assert low <= config["max_depth"] < high and isinstance(config["max_depth"], int)
         resolve_train_config(config)  # RayTrain accepts it, scaler and all
     assert seen == {"lightning", "xgboost"}
 

@@ -1,0 +1,365 @@
+"""Benchmark: the default search's champion against plain tree ensembles with library defaults.
+
+Does the search earn its time? On the same split of the same table, this prints
+
+- the **champion**: the wine DAG's default search as the DAG runs it (``default_search_space`` from
+  the DAG's Param defaults, its default trials, time budget and searcher, ASHA), then the train
+  stage with the best config, scored on the test split (the train manifest's test metrics). Both
+  stages are Ray jobs submitted to a local cluster this bench starts, with the per-trial resources
+  the probe plans for that cluster, timed from submit to the manifest;
+- **xgboost**: ``xgboost.XGBRegressor()`` / ``XGBClassifier()`` with the library's defaults;
+- **random forest**: scikit-learn's ``RandomForestRegressor()`` / ``RandomForestClassifier()``
+  with its defaults (``random_state=0`` so a rerun gives the same forest; the ``bench`` extra);
+
+each baseline fitted on the training and validation rows together (what the search had to learn
+from) and scored on the same test rows. The features are the data stage's output, written exactly
+as the DAG's preprocess task writes them (``run_preprocess`` with the DAG's spec).
+
+Metrics: regression RMSE, MAE and the share of predictions within 0.5 of the label; classification
+accuracy, macro F1 and log loss. One line per metric says whether the champion is at least as good
+as the best baseline (the issue's goal). With ``--group-column`` (the wine colour: ``type``) the
+same metrics per group follow. The exit status is 0 either way; ``--check`` makes it 1 when the
+goal fails on any overall metric.
+
+Usage::
+
+    python bench/bench_quality.py                       # the generated wine data (as the demo DAG)
+    python bench/bench_quality.py --source a.csv [b.csv ...] --label COL [--task regression|classification]
+                                  [--group-column COL] [--num-trials N] [--time-budget-s S] [--split-seed N] [--check]
+
+Real tables to try it on without a download: scikit-learn ships ``load_diabetes``,
+``load_breast_cancer``, ``load_wine`` and ``load_iris``; export one with ``frame.to_csv`` to /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "include")]
+
+import airflow_ray_ml_stages  # noqa: E402
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
+from airflow_ray_ml_stages.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
+from airflow_ray_ml_stages.metrics import regression_metrics  # noqa: E402
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+CLUSTER_CPUS = 2  # what `make run` gives the demo on this project's 2-CPU machines
+GOAL_METRICS = {"regression": {"rmse": "min", "mae": "min", "acc_0_5": "max"},
+                "classification": {"accuracy": "max", "macro_f1": "max", "log_loss": "min"}}
+DAG_PARAMS = ("families", "scalers", "num_trials", "searcher", "time_budget_s", "max_epochs", "num_boost_round",
+              "label_column")
+# The DAG's own module, read in a fresh process (Airflow's import is slow and writes into its home):
+# its Param defaults are what a default run searches with, so the bench never restates them.
+_READ_DAG_PARAMS = f"""
+import json, sys
+sys.path[:0] = [{str(ROOT / 'dags')!r}, {str(ROOT)!r}]
+import wine_quality_pipeline as module
+params = module.dag.params
+print(json.dumps({{name: params[name] for name in {list(DAG_PARAMS)!r}}}))
+"""
+
+
+def dag_defaults(work: Path) -> dict:
+    """The wine DAG's Param defaults that set its search (families, scalers, trials, budget, ...)."""
+    env = {**os.environ, "AIRFLOW_HOME": str(work / "airflow-home"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
+    output = subprocess.run([sys.executable, "-c", _READ_DAG_PARAMS], env=env, capture_output=True, text=True,
+                            check=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+def preprocess(work: Path, args, label: str) -> dict:
+    """The data stage's manifest, run in this process with the spec the DAG's preprocess task builds."""
+    from airflow_ray_ml_stages.data.stage import run_preprocess
+    from airflow_ray_ml_stages.specs import GenerateSpec, PreprocessSpec
+    from airflow_ray_ml_stages.wine import QUALITY_RANGE
+
+    if args.source:
+        source, label_range = [str(Path(path).resolve()) for path in args.source], None
+    else:  # the DAG's demo_data task: the generated table in the UCI layout, graded 0-10
+        from airflow_ray_ml_stages.generate import run_generate
+
+        generated = run_generate(GenerateSpec(artifact_dir=str(work / "demo_data"), rows=args.rows, seed=args.demo_seed))
+        source, label_range = generated.data_uris, list(QUALITY_RANGE)
+    fields = {"artifact_dir": str(work / "preprocess"), "source": source, "label_column": label,
+              "scaler": args.scalers[0], "label_range": label_range}
+    if args.split_seed is not None:
+        fields["seed"] = args.split_seed
+    if args.task == "classification":
+        fields["task"] = "classification"
+        fields["label_threshold"] = args.label_threshold
+    data = run_preprocess(PreprocessSpec(**fields)).to_dict()
+    if args.task == "classification" and not data.get("classes"):
+        raise SystemExit("the data stage wrote no classes: this checkout's data stage does not classify yet")
+    return data
+
+
+def read_split(data: dict, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """A split's features and labels as the train stage reads them (same reader, same row order)."""
+    from airflow_ray_ml_stages.train.splits import ParquetSplit
+
+    features, label = data["feature_columns"], data["label_column"]
+    table = ParquetSplit(data["split_uris"][split], [*features, label]).to_table(columns=[*features, label])
+    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in features])
+    return x, table.column(label).to_numpy(zero_copy_only=False)
+
+
+def test_groups(data: dict, column: str) -> np.ndarray:
+    """Each test row's value of ``column`` (a feature), decoded from the written features."""
+    import pandas as pd
+
+    from airflow_ray_ml_stages.preprocessor import Preprocessor, inverse_transform
+    from airflow_ray_ml_stages.train.splits import ParquetSplit
+
+    preprocessor = Preprocessor.load(data["preprocessor_uri"])
+    if column not in (*preprocessor.numeric_columns, *preprocessor.categories):
+        raise SystemExit(f"--group-column {column!r} is not a feature of the data; features: "
+                         f"{[*preprocessor.numeric_columns, *preprocessor.categories]}")
+    features = data["feature_columns"]
+    table = ParquetSplit(data["split_uris"]["test"], features).to_table(columns=features)
+    raw = inverse_transform(preprocessor, pd.DataFrame({c: table.column(c).to_numpy() for c in features}))
+    values = raw[column].to_numpy()
+    if column in preprocessor.numeric_columns:
+        values = np.round(values.astype(np.float64), 6)  # undo the scaling's rounding noise
+    return values.astype(str)
+
+
+# -- the champion: the DAG's tune and train tasks as Ray jobs ----------------------------------------
+
+
+def submit(client, module: str, spec: dict) -> tuple[float, dict]:
+    """Run a stage as its operator does (a Ray job with the package and JOB_ENV_VARS); seconds to the manifest."""
+    manifest = Path(spec["artifact_dir"]) / "manifest.json"
+    started = time.monotonic()
+    job = client.submit_job(
+        entrypoint=f"python -m {module} --spec {shlex.quote(json.dumps(spec))}",
+        runtime_env={"py_modules": [str(Path(airflow_ray_ml_stages.__file__).parent)], "env_vars": dict(JOB_ENV_VARS)},
+    )
+    asked, status = 0.0, None
+    while not manifest.exists():
+        if time.monotonic() - asked > 0.5:  # the Jobs API costs the head's CPU, shared with the job
+            asked, status = time.monotonic(), client.get_job_status(job)
+            if status in TERMINAL:
+                break
+        time.sleep(0.05)
+    seconds = time.monotonic() - started
+    while status not in TERMINAL:
+        status = client.get_job_status(job)
+        time.sleep(0.2)
+    if status != "SUCCEEDED" or not manifest.exists():
+        raise SystemExit(f"{module} job {job} ended {status}:\n{client.get_job_logs(job)[-4000:]}")
+    return seconds, json.loads(manifest.read_text())
+
+
+def champion(client, work: Path, data: dict, params: dict, compute: dict, args) -> dict:
+    """Tune with the DAG's defaults, train the best config; the test predictions and the wall times."""
+    from airflow_ray_ml_stages.search_space import default_search_space
+    from airflow_ray_ml_stages.train.run_dir import read_evaluation
+
+    shared = {"feature_columns": data["feature_columns"], "label_column": data["label_column"],
+              "preprocessor_uri": data["preprocessor_uri"], "preprocessor_variants": data["preprocessor_variants"],
+              "data_fingerprint": data["fingerprint"], "compute": compute, "classes": data.get("classes")}
+    splits = {f"{name}_uri": data["split_uris"][name] for name in ("train", "validation")}
+    space = default_search_space(params["families"], params["scalers"], params["max_epochs"], params["num_boost_round"])
+    tune_spec = {**shared, **splits, "artifact_dir": str(work / "tune"), "search_space": space,
+                 "num_samples": args.num_trials, "time_budget_s": args.time_budget_s, "searcher": params["searcher"]}
+    tune_s, tuned = submit(client, "airflow_ray_ml_stages.tune", tune_spec)
+    print(f"tune: {tune_s:.1f} s, trials {tuned['trials']}, best {tuned['metric']}={tuned['best_metric']:.4f}: "
+          f"{json.dumps(tuned['best_config'])}", flush=True)
+    for row in json.loads(Path(tuned["leaderboard_json_uri"]).read_text()):
+        value = (row["metrics"] or {}).get(tuned["metric"])
+        print(f"  #{row['rank']:<2} {row['family']:9} {row['scaler'] or '-':8} {row['status']:13} "
+              f"{tuned['metric']} {'-' if value is None else f'{value:.4f}':>8} {row['iterations']:>2} reports "
+              f"{row['time_s']:5.1f} s", flush=True)
+    train_spec = {**shared, **splits, "test_uri": data["split_uris"]["test"], "artifact_dir": str(work / "train"),
+                  "config": tuned["best_config"]}
+    train_s, trained = submit(client, "airflow_ray_ml_stages.train", train_spec)
+    print(f"train: {train_s:.1f} s, {trained['training'].get('rounds_run') or trained['training'].get('epochs_run')} "
+          f"epochs/rounds run; test {json.dumps(trained['metrics']['test'])}", flush=True)
+    labels, predictions = read_evaluation(str(work / "train"), "test")
+    return {"labels": labels, "predictions": predictions, "seconds": tune_s + train_s, "tune_s": tune_s,
+            "train_s": train_s, "tuned": tuned, "trained": trained}
+
+
+# -- the baselines -------------------------------------------------------------------------------
+
+
+def baselines(data: dict, task: str) -> dict[str, dict]:
+    """XGBoost and scikit-learn's random forest, library defaults, fitted on train + validation."""
+    train_x, train_y = read_split(data, "train")
+    validation_x, validation_y = read_split(data, "validation")
+    test_x, _ = read_split(data, "test")
+    x, y = np.concatenate([train_x, validation_x]), np.concatenate([train_y, validation_y])
+    import xgboost
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+
+    models = {
+        "xgboost": xgboost.XGBClassifier() if task == "classification" else xgboost.XGBRegressor(),
+        "random forest": (RandomForestClassifier(random_state=0) if task == "classification"
+                          else RandomForestRegressor(random_state=0)),
+    }
+    found = {}
+    for name, model in models.items():
+        started = time.monotonic()
+        if task == "classification":
+            model.fit(x, y.astype(np.int64))
+            predicted = _all_classes(model.predict_proba(test_x), model.classes_, _class_count(data))
+        else:
+            model.fit(x, y.astype(np.float64))
+            predicted = model.predict(test_x)
+        found[name] = {"predictions": predicted, "seconds": time.monotonic() - started}
+    return found
+
+
+def _class_count(data: dict) -> int | None:
+    return len(data.get("classes") or []) or None
+
+
+def _all_classes(probabilities: np.ndarray, seen: np.ndarray, classes: int | None) -> np.ndarray:
+    """Probabilities over every class index, where the fitted model saw only some of them."""
+    classes = classes or int(seen.max()) + 1
+    full = np.zeros((len(probabilities), classes))
+    full[:, seen.astype(np.int64)] = probabilities
+    return full
+
+
+def metrics_of(task: str, labels, predictions) -> dict[str, float]:
+    if task == "classification":
+        from airflow_ray_ml_stages.metrics import classification_metrics
+
+        return classification_metrics(labels, predictions)
+    return regression_metrics(labels, predictions)
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+def print_table(title: str, rows: dict[str, dict[str, float]], goal: dict[str, str], seconds: dict[str, float] | None,
+                count: int) -> None:
+    print(f"\n{title} ({count} test rows)\n")
+    header = ["model", *goal, *(["seconds"] if seconds else [])]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name, metrics in rows.items():
+        cells = [name, *(f"{metrics[m]:.4f}" for m in goal), *([f"{seconds[name]:.1f}"] if seconds else [])]
+        print("| " + " | ".join(cells) + " |")
+
+
+def verdicts(rows: dict[str, dict[str, float]], goal: dict[str, str]) -> list[tuple[str, bool, str]]:
+    """Per metric: is the champion at least as good as the best baseline? (metric, met, the line)."""
+    found = []
+    for metric, mode in goal.items():
+        others = {name: metrics[metric] for name, metrics in rows.items() if name != "champion"}
+        best_name = (min if mode == "min" else max)(others, key=others.get)
+        ours, best = rows["champion"][metric], others[best_name]
+        # Equal counts as met; a float's last digits are not a difference.
+        met = ours <= best + 1e-9 if mode == "min" else ours >= best - 1e-9
+        found.append((metric, met, f"{metric}: champion {ours:.4f} vs best baseline {best:.4f} ({best_name}), "
+                                   f"{'lower' if mode == 'min' else 'higher'} is better: "
+                                   f"{'at least as good' if met else 'WORSE'}"))
+    return found
+
+
+def main() -> int:
+    interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", nargs="+", help="CSV/Parquet files; default: the generated wine table")
+    parser.add_argument("--label", help="the label column (default: the DAG's, quality)")
+    parser.add_argument("--task", choices=["regression", "classification"], default="regression")
+    parser.add_argument("--label-threshold", type=float,
+                        help="classification: two classes, 1 where the label is at least this (the DAG's "
+                             "label_threshold); default: each label value is a class")
+    parser.add_argument("--group-column", help="also print the metrics per value of this feature (wine: type)")
+    parser.add_argument("--num-trials", type=int, help="default: the DAG's num_trials")
+    parser.add_argument("--time-budget-s", type=float, help="default: the DAG's time_budget_s")
+    parser.add_argument("--split-seed", type=int, help="the data stage's split seed; default: the DAG's (0)")
+    parser.add_argument("--rows", type=int, default=6497, help="generated wine rows (the DAG's demo_rows)")
+    parser.add_argument("--demo-seed", type=int, default=7, help="generated wine seed (the DAG's demo_seed)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the champion is worse on any metric")
+    args = parser.parse_args()
+
+    from ray.job_submission import JobSubmissionClient
+
+    from airflow_ray_ml_stages.probe import NodeResources, plan_cpu
+
+    work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    cluster = None
+    try:
+        params = dag_defaults(work)
+        args.scalers = params["scalers"]
+        args.num_trials = args.num_trials or params["num_trials"]
+        args.time_budget_s = args.time_budget_s or params["time_budget_s"]
+        label = args.label or params["label_column"]
+        data = preprocess(work, args, label)
+        print(f"data: {args.source or 'generated wine'} -> rows {data['rows']}, {len(data['feature_columns'])} "
+              f"features, label {label!r} ({args.task}"
+              f"{', classes ' + str(data['classes']) if data.get('classes') else ''})", flush=True)
+        found = baselines(data, args.task)
+        print("baselines: " + ", ".join(f"{name} {run['seconds']:.1f} s" for name, run in found.items()), flush=True)
+
+        cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="bq", dir="/tmp"), num_cpus=CLUSTER_CPUS,
+                                  num_gpus=0, token=new_token())
+        cluster.start()
+        client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
+        # What the probe task plans for this cluster (one CPU worker; two trials at once).
+        compute = plan_cpu([NodeResources("head", float(CLUSTER_CPUS), 0.0)], 1, "bench: the probe's CPU plan").to_dict()
+        ours = champion(client, work, data, params, compute, args)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+    try:
+        _, test_labels = read_split(data, "test")
+        if not np.allclose(np.asarray(ours["labels"], np.float64), np.asarray(test_labels, np.float64)):
+            raise SystemExit("the train stage's test rows are not the test split's rows in order")
+        predictions = {"champion": ours["predictions"], **{name: run["predictions"] for name, run in found.items()}}
+        seconds = {"champion": ours["seconds"], **{name: run["seconds"] for name, run in found.items()}}
+        goal = GOAL_METRICS[args.task]
+        rows = {name: metrics_of(args.task, test_labels, predicted) for name, predicted in predictions.items()}
+        tuned = ours["tuned"]
+        print_table(f"{args.source and ', '.join(Path(p).name for p in args.source) or 'generated wine'}, "
+                    f"label {label!r}, test split", rows, goal, seconds, len(test_labels))
+        print(f"\nchampion: {tuned['best_config']['family']} ({tuned['best_config'].get('scaler', 'as written')}), "
+              f"{args.num_trials} trials ({tuned['trials']}), {params['searcher']} search, time budget "
+              f"{args.time_budget_s:g} s; search {ours['tune_s']:.1f} s + train {ours['train_s']:.1f} s (submit to "
+              f"manifest, Ray jobs on a local {CLUSTER_CPUS}-CPU cluster, 1 CPU per trial). Baselines: fit + "
+              "predict, library defaults, on train + validation rows.")
+        results = verdicts(rows, goal)
+        for _, _, line in results:
+            print(line)
+        if args.group_column:
+            groups = test_groups(data, args.group_column)
+            for group in sorted(set(groups)):
+                mask = groups == group
+                group_rows = {name: metrics_of(args.task, test_labels[mask], np.asarray(predicted)[mask])
+                              for name, predicted in predictions.items()}
+                print_table(f"{args.group_column} = {group}", group_rows, goal, None, int(mask.sum()))
+                for _, _, line in verdicts(group_rows, goal):
+                    print(line)
+        print(f"\nload average (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in os.getloadavg())}; machine: "
+              f"{os.cpu_count()} CPUs, shared.")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [metric for metric, met, _ in results if not met]
+    print(f"goal (champion at least as good as the best baseline on every metric): "
+          f"{'met' if not failed else 'NOT met on ' + ', '.join(failed)}")
+    return 1 if args.check and failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
