@@ -143,6 +143,9 @@ def down() -> None:
     localcluster.main(["stop", "--pid-file", str(RAY_PID_FILE)])
 
 
+READ_ATTEMPTS = 5  # tries of one REST read before `make run` gives up following the run
+
+
 class AirflowClient:
     """The few Airflow REST API calls `make run` needs, as the admin user of the simple auth manager."""
 
@@ -162,7 +165,18 @@ class AirflowClient:
         self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
 
     def call(self, method: str, path: str, **kwargs) -> dict:
-        response = self.session.request(method, f"{AIRFLOW_URL}/api/v2{path}", timeout=30, **kwargs)
+        # A busy machine can stall the api-server for a while: a read (GET) is asked again, a few
+        # times, rather than abandoning a run that goes on in Airflow.
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                response = self.session.request(method, f"{AIRFLOW_URL}/api/v2{path}", timeout=30, **kwargs)
+                break
+            except (requests.Timeout, requests.ConnectionError) as err:
+                if method != "GET" or attempt == READ_ATTEMPTS:
+                    raise SystemExit(f"{method} {path}: Airflow did not answer ({err}); the run goes on in "
+                                     f"Airflow: see {AIRFLOW_URL}") from None
+                print(f"  (Airflow did not answer {path} within 30 s; asking again)")
+                time.sleep(5 * attempt)
         if response.status_code >= 400:
             raise SystemExit(f"{method} {path} answered HTTP {response.status_code}: {response.text[:500]}")
         return response.json()
