@@ -32,13 +32,13 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from airflow_ray_ml_stages.models.mlp import lightning_module
+    from airflow_ray_ml_stages.models.mlp import label_scale, lightning_module
     from airflow_ray_ml_stages.specs import LIGHTNING_DEFAULTS
 
     pl.seed_everything(seed, verbose=False)
     torch.set_num_threads(1)
     (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
-    label_mean = float(train_y.mean())
+    label_mean, label_std = float(train_y.mean()), float(train_y.std())
     # Several processes: Lightning's own DDP over gloo on this machine's CPUs, no Ray. Each rank
     # trains on its equal slice of the rows, as the stage's workers do with their shards. Lightning
     # starts ranks 1.. by running this script again with LOCAL_RANK set.
@@ -48,7 +48,7 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
         train_x, train_y = train_x[rank::processes][:rows], train_y[rank::processes][:rows]
     FIT_S["train_rows_per_process"] = len(train_x)
     config = {**LIGHTNING_DEFAULTS, "max_epochs": epochs, "batch_size": batch_size or LIGHTNING_DEFAULTS["batch_size"]}
-    module = lightning_module(config, len(features), label_mean)
+    module = lightning_module(config, len(features), label_mean, label_scale(label_std, None))
     ddp = {"strategy": "ddp", "devices": processes, "use_distributed_sampler": False} if processes > 1 else {"devices": 1}
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", **ddp, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

@@ -212,7 +212,8 @@ class PreprocessSpec(StageSpec):
         values in the first rows of the first file are all non-numeric (the wine ``type``).
     :param drop_columns: columns present in the input but not used.
     :param split: fractions ``[train, validation, test]``, each >= 0, summing to 1, train > 0.
-    :param seed: the split seed: a row's split is a seeded hash of its content.
+    :param seed: the split seed: a row's split is a seeded hash of its content; every seed splits every
+        table differently, and seed 0 is pandas' row hash unchanged.
     :param scaler: ``standard`` (mean, population std), ``minmax`` or ``none``.
     :param nan_policy: ``fail`` on NaN/infinite/missing values, or ``drop`` those rows and count them.
     :param label_range: ``[low, high]``: labels outside it are an error; None: no check.

@@ -62,7 +62,7 @@ def trial_dir(artifact_dir: str, trial_id: str) -> str:
 def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     """Train one sampled config with the train stage's loop and report to Ray Tune.
 
-    ``base`` holds what every trial shares (URIs, columns, label mean, the scalers' feature maps,
+    ``base`` holds what every trial shares (URIs, columns, label mean and std, the scalers' feature maps,
     seed, threads); the trial writes into ``<artifact_dir>/trials/<trial_id>/``.
     """
     from ray import tune
@@ -81,7 +81,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     budget = int(resolved[BUDGET_KEYS[family]])
     cfg = TrainLoopConfig(
         config=resolved, feature_columns=base["feature_columns"], label_column=base["label_column"],
-        label_mean=base["label_mean"], class_priors=base["class_priors"], seed=base["seed"], use_gpu=base["use_gpu"],
+        label_mean=base["label_mean"], label_std=base["label_std"], class_priors=base["class_priors"], seed=base["seed"], use_gpu=base["use_gpu"],
         local_mode=True,
         threads=base["threads"], checkpoint_every=max(1, math.ceil(budget / base["reports_per_trial"])),
         artifact_dir=directory, model_dir=artifacts.join(directory, "model"),
@@ -299,7 +299,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     started_wall, started = time.time(), time.monotonic()
     space = spec.space()
     columns = [*spec.feature_columns, spec.label_column]
-    train_rows, label_mean, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
+    train_rows, label_mean, label_std, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
     ParquetSplit(spec.validation_uri, columns)
     scalers = {}
     for scaler in space.scalers:
@@ -316,7 +316,8 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
         log.warning("GPU fallback: %s", fallback)
     base = {
         "search_space": space.raw, "artifact_dir": spec.artifact_dir, "feature_columns": list(spec.feature_columns),
-        "label_column": spec.label_column, "label_mean": label_mean, "class_priors": class_priors,
+        "label_column": spec.label_column, "label_mean": label_mean, "label_std": label_std,
+        "class_priors": class_priors,
         "classes": spec.classes, "seed": spec.seed,
         "use_gpu": resources["gpu"] > 0, "threads": max(1, int(resources["cpu"])),
         "reports_per_trial": spec.reports_per_trial, "scalers": scalers, "preprocessor_uri": spec.preprocessor_uri,

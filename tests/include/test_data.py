@@ -54,7 +54,8 @@ def test_split_assignment_same_rows_whatever_the_batching(frame):
 
 
 def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
-    from airflow_ray_ml_stages.data.split import hash_columns, hash_key
+    """Seed 0 is pandas' hash exactly; another seed, pandas' hash under that seed's key, reseeded."""
+    from airflow_ray_ml_stages.data.split import hash_columns, hash_key, reseed
 
     texts = ["", "red", "white", "rosé", "x" * 7, "y" * 8, "z" * 9, "日本語", "a" * 100]
     texts += [f"value-{index}-{'q' * (index % 23)}" for index in range(60)]
@@ -64,7 +65,9 @@ def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
         expected = pd.util.hash_pandas_object(
             pd.DataFrame({"a": floats, "b": pd.Categorical.from_codes(codes, categories=pd.Index(texts, dtype=object))}),
             index=False, hash_key=hash_key(seed)).to_numpy()
-        np.testing.assert_array_equal(hash_columns([floats, (codes, texts)], seed), expected)
+        np.testing.assert_array_equal(hash_columns([floats, (codes, texts)], seed), reseed(expected.copy(), seed))
+    np.testing.assert_array_equal(hash_columns([floats], 0), pd.util.hash_pandas_object(
+        pd.DataFrame({"a": floats}), index=False).to_numpy())
 
 
 def test_data_stage_module_imports_without_pandas():
@@ -143,6 +146,19 @@ def test_take_rows_equals_fancy_indexing_in_column_major_order():
 
 def test_split_assignment_other_seed_moves_rows(frame):
     assert (assign_splits(frame, HASHED, FRACTIONS, SEED) != assign_splits(frame, HASHED, FRACTIONS, SEED + 1)).any()
+
+
+def test_split_assignment_numeric_only_table_moves_with_the_seed_and_seed_0_is_pandas_hash(frame):
+    """The seed keys only the hash of text values: a numeric-only table must still split per seed."""
+    from airflow_ray_ml_stages.data.split import split_of_hashes
+
+    numeric = sorted([*wine.FEATURES, wine.LABEL])
+    by_seed = {seed: assign_splits(frame, numeric, FRACTIONS, seed) for seed in (0, 1, 2)}
+    assert (by_seed[0] != by_seed[1]).mean() > 0.2 and (by_seed[1] != by_seed[2]).mean() > 0.2
+    for split in by_seed.values():
+        assert np.allclose(np.bincount(split, minlength=3) / len(frame), FRACTIONS, atol=0.06)
+    pandas_hash = pd.util.hash_pandas_object(frame[numeric].astype("float64"), index=False).to_numpy()
+    np.testing.assert_array_equal(by_seed[0], split_of_hashes(pandas_hash, FRACTIONS))
 
 
 def test_moments_merged_from_pieces_equal_numpy_on_the_whole():

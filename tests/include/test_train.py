@@ -161,7 +161,7 @@ def test_model_card_without_a_needed_field_names_it(tmp_path):
 
 def test_train_loop_config_crosses_ray_train_as_a_dict_and_rejects_wrong_keys():
     config = TrainLoopConfig(config=resolve_train_config({"family": "xgboost", "num_boost_round": 50}),
-                             feature_columns=["x1"], label_column="y", label_mean=1.5, seed=0, use_gpu=False,
+                             feature_columns=["x1"], label_column="y", label_mean=1.5, label_std=2.0, seed=0, use_gpu=False,
                              local_mode=True, threads=1, checkpoint_every=None, artifact_dir="/a", model_dir="/a/m",
                              uris={"train": "/d/t.parquet"}, data_loading="direct")
     assert TrainLoopConfig.of(json.loads(json.dumps(config.to_dict()))) == config
@@ -176,18 +176,23 @@ def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
     from airflow_ray_ml_stages.models.mlp import MLP, model_config
 
     torch.manual_seed(0)
-    module = MLP(3, [8, 4], dropout=0.2, label_offset=5.5).eval()
+    module = MLP(3, [8, 4], dropout=0.2, label_offset=5.5, label_scale=40.0).eval()
     buffer = io.BytesIO()
     torch.save(module.state_dict(), buffer)
     (tmp_path / "model.pt").write_bytes(buffer.getvalue())
-    (tmp_path / "model_config.json").write_text(json.dumps(model_config(3, [8, 4], 0.2, 5.5)))
+    config = model_config(3, [8, 4], 0.2, 5.5, 40.0)
+    (tmp_path / "model_config.json").write_text(json.dumps(config))
     (tmp_path / "model_card.json").write_text(json.dumps(_card("lightning")))
     features = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     model = load_model(str(tmp_path))
     with torch.inference_mode():
         expected = module(torch.from_numpy(features)).numpy()
+        unscaled = module.net(torch.from_numpy(features)).squeeze(-1).numpy() + 5.5
     np.testing.assert_allclose(model.predict(features), expected, rtol=1e-6)
     assert model.card.family == "lightning" and model.predict(features[0]).shape == (1,)
+    # A model directory written before label_scale existed: its config lacks it, the scale is 1.
+    (tmp_path / "model_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "label_scale"}))
+    np.testing.assert_allclose(load_model(str(tmp_path)).predict(features), unscaled, rtol=1e-6)
 
 
 def test_load_model_xgboost_ubj_predicts_like_the_booster(tmp_path):
@@ -247,3 +252,27 @@ def test_classification_split_with_a_label_outside_the_classes_is_refused(tmp_pa
     with pytest.raises(DataSourceError, match=r"class indexes 0\.\.2 .*\[3, 4, 5\]"):
         run_training(TrainSpec(**{**fields, "classes": [3, 4, 5]}, artifact_dir=str(tmp_path / "t"),
                                config={"family": "xgboost", "num_boost_round": 2}))
+
+
+def test_lightning_regression_label_in_other_units_trains_to_the_same_relative_error(tmp_path):
+    """The MLP learns the standardised label: a label times 1000 takes the same path, 1000 times larger."""
+    from tests.train_data import write_splits
+
+    fields = write_splits(tmp_path / "splits", rows=1500, seed=3)
+    label = fields["label_column"]
+    config = {"family": "lightning", "max_epochs": 4, "patience": 0, "hidden_sizes": [16]}
+    rmse = {}
+    for factor in (1, 1000):
+        uris = {}
+        for split in ("train", "validation", "test"):
+            frame = pd.read_parquet(fields[f"{split}_uri"])
+            frame[label] = frame[label] * factor
+            uris[f"{split}_uri"] = str(tmp_path / f"{split}-x{factor}.parquet")
+            frame.to_parquet(uris[f"{split}_uri"], index=False)
+        result = run_training(TrainSpec(**{**fields, **uris}, artifact_dir=str(tmp_path / f"train-x{factor}"),
+                                        config=config))
+        assert result.metrics["test"]["rmse"] < result.baseline["test_rmse"]
+        assert json.loads((tmp_path / f"train-x{factor}" / "model" / "model_config.json").read_text())[
+            "label_scale"] == pytest.approx(pd.read_parquet(uris["train_uri"])[label].std(ddof=0), rel=1e-6)
+        rmse[factor] = result.metrics["test"]["rmse"] / factor
+    assert rmse[1000] == pytest.approx(rmse[1], rel=1e-2)

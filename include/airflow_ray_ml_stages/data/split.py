@@ -2,7 +2,10 @@
 
 The hash is pandas' ``hash_pandas_object`` computed with numpy alone, so the same input and seed
 give the same split membership whatever the engine, the batching, the number of CPUs, the order
-of the files or their format.
+of the files or their format. The seed keys the SipHash of text values, which leaves numeric
+values unseeded; so for any seed but 0 a seed-derived constant is mixed into each row's hash too
+(:func:`reseed`), and every seed splits every table differently. Seed 0 is pandas' hash unchanged,
+which keeps the splits of seed-0 runs where they always were.
 
 Regression cuts each row's hash, read as a uniform number in [0, 1), at the split fractions
 (:func:`split_of_hashes`). Classification stratifies: pass 1 counts each class's rows per hash bin
@@ -31,6 +34,11 @@ STRATA_BINS = 1024
 def hash_key(seed: int) -> str:
     """The 16-character SipHash key of a split seed."""
     return hashlib.sha256(f"rayml-split-{seed}".encode()).hexdigest()[:16]
+
+
+def seed_constant(seed: int) -> int:
+    """The 64-bit constant :func:`reseed` mixes into the row hashes of a split seed other than 0."""
+    return int.from_bytes(hashlib.sha256(f"rayml-split-rows-{seed}".encode()).digest()[:8], "little")
 
 
 def _uniform(hashed: np.ndarray) -> np.ndarray:
@@ -147,12 +155,25 @@ def _hash_category_codes(codes: np.ndarray, values: list, key: str) -> np.ndarra
     return result
 
 
+def reseed(hashed: np.ndarray, seed: int) -> np.ndarray:
+    """Row hashes made to depend on the seed whatever the column types (in place): seed 0 unchanged.
+
+    The seed's constant is XORed in and the result re-spread: a bijection of the 64-bit hashes, so
+    rows that hashed apart still do, and each seed gives an unrelated uniform number per row.
+    """
+    if seed == 0:  # pandas' hash as it is: seed-0 splits never move
+        return hashed
+    hashed ^= np.uint64(seed_constant(seed))
+    return _spread(hashed)
+
+
 def hash_columns(columns: list, seed: int) -> np.ndarray:
-    """``pd.util.hash_pandas_object(pd.DataFrame(columns), index=False)``, without pandas.
+    """Each row's split hash: ``pd.util.hash_pandas_object(pd.DataFrame(columns), index=False,
+    hash_key=hash_key(seed))`` without pandas, then :func:`reseed` for a seed other than 0.
 
     Each column is a float64 array or a ``(codes, values)`` pair of a categorical column; each is
     hashed as ``pd.util.hash_array`` does and the hashes are combined as pandas does
-    (``pandas.core.util.hashing.combine_hash_arrays``), so the two give identical values.
+    (``pandas.core.util.hashing.combine_hash_arrays``), so for seed 0 the two give identical values.
     """
     key = hash_key(seed)
     rows = len(columns[0][0]) if isinstance(columns[0], tuple) else len(columns[0])
@@ -164,7 +185,7 @@ def hash_columns(columns: list, seed: int) -> np.ndarray:
         out *= mult
         mult += np.uint64(82520 + inverse + inverse)
     out += np.uint64(97531)
-    return out
+    return reseed(out, seed)
 
 
 def _categorical(values: np.ndarray) -> tuple[np.ndarray, list]:

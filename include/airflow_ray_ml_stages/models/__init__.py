@@ -5,7 +5,7 @@ A model directory (written by the ``train`` stage) holds ``model_card.json``
 when there is one, and the model in a format that loads without pickle:
 
 - ``lightning``: ``model.pt`` (a state_dict of tensors, loaded with ``weights_only=True``) and
-  ``model_config.json`` (n_features, hidden sizes, dropout, label offset);
+  ``model_config.json`` (n_features, hidden sizes, dropout, label offset and scale);
 - ``xgboost``: ``model.ubj``, XGBoost's own format.
 
 ``load_model(model_dir)`` returns an object with ``.predict(features) -> np.ndarray`` (features
@@ -67,7 +67,8 @@ class LightningModel:
         self.card = card
         self.model_config = model_config
         self.module = MLP(model_config["n_features"], model_config["hidden_sizes"],
-                                   model_config["dropout"], model_config.get("label_offset", 0.0))
+                          model_config["dropout"], model_config.get("label_offset", 0.0),
+                          model_config.get("label_scale", 1.0))
         self.module.load_state_dict(state_dict)
         self.module.eval()
         self._torch = torch

@@ -31,6 +31,8 @@ class TrainLoopConfig:
     label_column: str
     label_mean: float
     """The training split's label mean: for regression the MLP's output offset and XGBoost's ``base_score``."""
+    label_std: float
+    """The training split's label std: for regression the MLP's output scale (see ``models.mlp.label_scale``)."""
     seed: int
     use_gpu: bool
     local_mode: bool

@@ -79,7 +79,7 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     import torch
     from pytorch_lightning.callbacks import EarlyStopping
 
-    from airflow_ray_ml_stages.models.mlp import label_offset, lightning_module, model_config
+    from airflow_ray_ml_stages.models.mlp import label_offset, label_scale, lightning_module, model_config
 
     config, features, label, seed = cfg.config, cfg.feature_columns, cfg.label_column, cfg.seed
     pl.seed_everything(seed, workers=True, verbose=False)
@@ -95,8 +95,8 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     train_loader = tensor_batches(train_x, train_y, config["batch_size"], shuffle=True,
                                   generator=torch.Generator().manual_seed(seed + rank))
     val_loader = tensor_batches(val_x, val_y, 4096)
-    offset = label_offset(cfg.label_mean, cfg.class_priors)
-    module = lightning_module(config, len(features), offset)
+    offset, scale = label_offset(cfg.label_mean, cfg.class_priors), label_scale(cfg.label_std, cfg.class_priors)
+    module = lightning_module(config, len(features), offset, scale)
 
     def predict(net, x: np.ndarray) -> np.ndarray:
         """The net's predictions: values, or (classification) class probabilities."""
@@ -192,7 +192,7 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
         artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, TORCH_WEIGHTS), buffer.getvalue())
         artifacts.write_json_atomic(
             artifacts.join(cfg.model_dir, TORCH_CONFIG),
-            model_config(len(features), config["hidden_sizes"], config["dropout"], offset),
+            model_config(len(features), config["hidden_sizes"], config["dropout"], offset, scale),
         )
         timings["evaluate_s"] = time.monotonic() - phase_started
         write_final(cfg, {**final, "loop_timings": _rounded(timings)})

@@ -73,8 +73,8 @@ class ParquetSplit:
 
 
 def label_stats(uri: str, label: str, columns: list[str],
-                classes: list | None = None) -> tuple[int, float, list[float] | None]:
-    """Rows, label mean and (classification) each class's share of a split, read with pyarrow alone (one column).
+                classes: list | None = None) -> tuple[int, float, float, list[float] | None]:
+    """Rows, label mean, label std and (classification) each class's share of a split, read with pyarrow alone (one column).
 
     :param classes: the classification's classes (the split holds indexes into them); None: regression.
     """
@@ -82,12 +82,13 @@ def label_stats(uri: str, label: str, columns: list[str],
     if table.num_rows == 0:
         raise DataSourceError(f"split {uri!r} has no rows")
     values = np.asarray(table.column(label).to_numpy(zero_copy_only=False), dtype=np.float64)
+    mean, std = float(np.mean(values)), float(np.std(values))
     if classes is None:
-        return table.num_rows, float(np.mean(values)), None
+        return table.num_rows, mean, std, None
     if not np.all((values >= 0) & (values < len(classes)) & (values == np.floor(values))):
         raise DataSourceError(f"split {uri!r}: label {label!r} must hold class indexes 0..{len(classes) - 1} for the "
                               f"classes {classes!r:.200}; pass the preprocess manifest's splits and classes together")
-    return table.num_rows, float(np.mean(values)), prior_probabilities(values, len(classes)).tolist()
+    return table.num_rows, mean, std, prior_probabilities(values, len(classes)).tolist()
 
 
 def shard_arrays(shard, features: list[str], label: str) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
     family = config["family"]
     compute = ComputeSpec.from_dict(spec.compute)
     columns = [*spec.feature_columns, spec.label_column]
-    train_rows, label_mean, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
+    train_rows, label_mean, label_std, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
     other_rows = sum(ParquetSplit(uri, columns).num_rows for uri in (spec.validation_uri, spec.test_uri))
     num_workers, sizing_reason = plan_workers(spec, compute, train_rows, (train_rows + other_rows) * len(columns) * 8)
     log.info("right-sizing: %s", sizing_reason)
@@ -52,7 +52,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         artifacts.makedirs(model_dir)
         loop_config = TrainLoopConfig(
             config=config, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
-            label_mean=label_mean, seed=spec.seed, use_gpu=False, local_mode=True,
+            label_mean=label_mean, label_std=label_std, seed=spec.seed, use_gpu=False, local_mode=True,
             threads=max(1, int(compute.cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
             artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
             feature_affine=affine, class_priors=class_priors,
@@ -94,7 +94,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
     artifacts.makedirs(model_dir)
     loop_config = TrainLoopConfig(
         config=config, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
-        label_mean=label_mean, seed=spec.seed, use_gpu=use_gpu, local_mode=local_mode,
+        label_mean=label_mean, label_std=label_std, seed=spec.seed, use_gpu=use_gpu, local_mode=local_mode,
         threads=max(1, int(cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
         artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
         feature_affine=affine, class_priors=class_priors,
