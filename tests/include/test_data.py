@@ -337,14 +337,20 @@ def runs(ray_cluster, frame, tmp_path_factory):
     for name, fields in specs.items():
         fields["artifact_dir"] = str(folder / "out" / name)
         fields["label_column"] = wine.LABEL
+    outcomes = run_in_ray_driver(ray_cluster, specs, folder)
+    return {name: {**outcome, "artifact_dir": specs[name]["artifact_dir"]} for name, outcome in outcomes.items()}
+
+
+def run_in_ray_driver(ray_cluster, specs: dict[str, dict], folder) -> dict[str, dict]:
+    """Each named spec run by the data stage in one Ray driver on ``ray_cluster`` (as a job runs it):
+    its result, or its error as text."""
     (folder / "specs.json").write_text(json.dumps(specs))
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "RAY_AUTH_TOKEN": ray_cluster.token,
            "RAY_AUTH_MODE": "token", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
     done = subprocess.run([sys.executable, "-c", RUNNER, str(folder / "specs.json"), str(folder / "outcomes.json")],
                           env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-4000:]
-    outcomes = json.loads((folder / "outcomes.json").read_text())
-    return {name: {**outcome, "artifact_dir": specs[name]["artifact_dir"]} for name, outcome in outcomes.items()}
+    return json.loads((folder / "outcomes.json").read_text())
 
 
 def _result(runs, name: str) -> dict:

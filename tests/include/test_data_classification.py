@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -21,7 +19,7 @@ from airflow_ray_ml_stages.data.stage import run_preprocess
 from airflow_ray_ml_stages.errors import DataSourceError
 from airflow_ray_ml_stages.preprocessor import Preprocessor
 from airflow_ray_ml_stages.specs import PreprocessSpec
-from tests.conftest import ROOT
+from tests.include.test_data import run_in_ray_driver
 
 SPLITS = ("train", "validation", "test")
 FRACTIONS = [0.7, 0.15, 0.15]
@@ -248,21 +246,6 @@ def test_classification_label_numeric_at_first_then_text_says_to_make_it_all_tex
 
 # -- the Ray Data engine writes what the direct engine writes ------------------------------------
 
-RUNNER = """
-import json, sys, os
-import ray, airflow_ray_ml_stages
-ray.init(runtime_env={"py_modules": [os.path.dirname(airflow_ray_ml_stages.__file__)]}, logging_level="WARNING",
-         log_to_driver=False)
-from airflow_ray_ml_stages.data.stage import run_preprocess
-from airflow_ray_ml_stages.specs import PreprocessSpec
-outcomes = {}
-for name, fields in json.load(open(sys.argv[1])).items():
-    try:
-        outcomes[name] = {"result": run_preprocess(PreprocessSpec(**fields)).to_dict()}
-    except Exception as err:
-        outcomes[name] = {"error": f"{type(err).__name__}: {err}"}
-json.dump(outcomes, open(sys.argv[2], "w"))
-"""
 
 
 @pytest.mark.integration
@@ -276,13 +259,7 @@ def test_classification_ray_data_and_direct_engines_write_the_same_splits(ray_cl
     for name, fields in cases.items():
         specs[name] = {**fields, "task": "classification", "engine": "ray_data", "override_num_blocks": 3,
                        "artifact_dir": str(tmp_path / "ray" / name)}
-    (tmp_path / "specs.json").write_text(json.dumps(specs))
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster.address, "RAY_AUTH_TOKEN": ray_cluster.token,
-           "RAY_AUTH_MODE": "token", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
-    done = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "specs.json"), str(tmp_path / "outcomes.json")],
-                          env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-4000:]
-    outcomes = json.loads((tmp_path / "outcomes.json").read_text())
+    outcomes = run_in_ray_driver(ray_cluster, specs, tmp_path)
     assert "non-integer value(s)" in outcomes["bad"]["error"] and "use task='regression'" in outcomes["bad"]["error"]
     for name in ("text", "grades", "threshold"):
         assert "error" not in outcomes[name], outcomes[name]
