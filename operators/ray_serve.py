@@ -34,6 +34,7 @@ from airflow_ray_ml.errors import (
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import task_of
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, TASK_METRICS, direction, task_metrics
 
 if TYPE_CHECKING:
@@ -510,7 +511,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         metadata = self._get("/metadata").json()
         version, task = metadata.get("model_version"), metadata.get("task") or "regression"
         classes = challenger.get("classes")
-        if task != ("regression" if classes is None else "classification"):
+        if task != task_of(classes):
             return None, version, task
         card_metric = ((metadata.get("metrics") or {}).get("test") or {}).get(metric)
         if metadata.get("data_fingerprint") == challenger.get("data_fingerprint") and card_metric is not None:
@@ -529,7 +530,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
 
     def task_metric(self, model: dict[str, Any]) -> str:
         """The metric the gate compares: the operator's, or the model's task's default; checked against the task."""
-        task = "regression" if model.get("classes") is None else "classification"
+        task = task_of(model.get("classes"))
         metric = self.metric or DEFAULT_METRIC[task]
         if metric not in TASK_METRICS[task]:
             raise InvalidSpecError(f"{self.task_id}.metric {metric!r} is not a {task} metric; the model's task takes "

@@ -30,6 +30,11 @@ SCALERS = ("standard", "minmax", "none")
 TASKS = ("regression", "classification")
 """What a pipeline predicts: a number (``regression``) or one of the label's classes (``classification``)."""
 
+
+def task_of(classes: object) -> str:
+    """The task of data (or a model) with these classes: a classification has them, a regression None."""
+    return "regression" if classes is None else "classification"
+
 TASK_METRICS: dict[str, dict[str, str]] = {
     "regression": {"rmse": "min", "mae": "min", "acc_0_5": "max", "acc_1_0": "max"},
     "classification": {"log_loss": "min", "accuracy": "max", "macro_f1": "max"},

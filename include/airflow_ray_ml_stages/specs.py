@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Any, ClassVar
 
-from airflow_ray_ml_stages.constants import DEFAULT_METRIC, SCALERS, TASK_METRICS, TASKS
+from airflow_ray_ml_stages.constants import DEFAULT_METRIC, SCALERS, TASK_METRICS, TASKS, task_of
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.spec_base import JsonDataclass, require_choice, require_int_range, require_non_empty
 # The train stage's config: TrainSpec checks its config with resolve_train_config, and the
@@ -471,7 +471,7 @@ class TrainSpec(StageSpec):
 
     @property
     def task(self) -> str:
-        return "regression" if self.classes is None else "classification"
+        return task_of(self.classes)
 
     @property
     def scaler(self) -> str | None:
@@ -691,7 +691,7 @@ class TuneSpec(StageSpec):
 
     @property
     def task(self) -> str:
-        return "regression" if self.classes is None else "classification"
+        return task_of(self.classes)
 
     @property
     def mode(self) -> str:

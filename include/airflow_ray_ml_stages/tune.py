@@ -81,8 +81,8 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     budget = int(resolved[BUDGET_KEYS[family]])
     cfg = TrainLoopConfig(
         config=resolved, feature_columns=base["feature_columns"], label_column=base["label_column"],
-        label_mean=base["label_mean"], label_std=base["label_std"], class_priors=base["class_priors"], seed=base["seed"], use_gpu=base["use_gpu"],
-        local_mode=True,
+        label_mean=base["label_mean"], label_std=base["label_std"], class_priors=base["class_priors"],
+        seed=base["seed"], use_gpu=base["use_gpu"], local_mode=True,
         threads=base["threads"], checkpoint_every=max(1, math.ceil(budget / base["reports_per_trial"])),
         artifact_dir=directory, model_dir=artifacts.join(directory, "model"),
         feature_affine=scaling["affine"], uris=base["uris"], data_loading="direct", session="tune",
@@ -96,7 +96,8 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
                                      artifacts.read_bytes(scaling["preprocessor_uri"]))
     ModelCard(
         family=family, feature_columns=base["feature_columns"], label_column=base["label_column"],
-        task=cfg.task, classes=base["classes"], config={**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
+        task=cfg.task, classes=base["classes"],
+        config={**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
         metrics={"validation": {name[4:]: value for name, value in metrics.items()}},
         seed=base["seed"], data_fingerprint=base["data_fingerprint"],
         preprocessor=PREPROCESSOR if scaling["preprocessor_uri"] else None, trial_id=trial_id,
@@ -299,7 +300,8 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     started_wall, started = time.time(), time.monotonic()
     space = spec.space()
     columns = [*spec.feature_columns, spec.label_column]
-    train_rows, label_mean, label_std, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
+    train_rows, label_mean, label_std, class_priors = label_stats(spec.train_uri, spec.label_column, columns,
+                                                                  spec.classes)
     ParquetSplit(spec.validation_uri, columns)
     scalers = {}
     for scaler in space.scalers:

@@ -76,10 +76,7 @@ class LightningModel:
     def predict(self, features: Any) -> np.ndarray:
         array = _as_features(features, self.model_config["n_features"])
         with self._torch.inference_mode():
-            out = self.module(self._torch.from_numpy(array))
-            if self.module.classification:
-                out = self._torch.softmax(out, dim=-1)
-            return out.numpy().astype(np.float64)
+            return self.module.predict(self._torch.from_numpy(array)).numpy().astype(np.float64)
 
 
 class XGBoostModel:

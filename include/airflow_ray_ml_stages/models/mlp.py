@@ -84,6 +84,11 @@ class MLP(nn.Module):
             return self.net(features) + self.label_offset
         return (self.net(features) * self.label_scale + self.label_offset).squeeze(-1)
 
+    def predict(self, features: torch.Tensor) -> torch.Tensor:
+        """The predictions: values (regression), or class probabilities (the logits' softmax)."""
+        out = self(features)
+        return torch.softmax(out, dim=-1) if self.classification else out
+
 
 def lightning_module(config: dict[str, Any], n_features: int, label_offset: float | list[float],
                      label_scale: float = 1.0):

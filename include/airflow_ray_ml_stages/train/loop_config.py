@@ -17,6 +17,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from airflow_ray_ml_stages.constants import task_of
+
 DataLoading = Literal["direct", "ray_data"]
 Session = Literal["train", "tune"]
 
@@ -63,7 +65,7 @@ class TrainLoopConfig:
 
     @property
     def task(self) -> str:
-        return "regression" if self.class_priors is None else "classification"
+        return task_of(self.class_priors)
 
     def checkpoint_interval(self) -> int:
         """Checkpoint (and report) every this many epochs or rounds: the setting, else every epoch or a tenth of the rounds."""

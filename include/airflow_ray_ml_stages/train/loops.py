@@ -100,8 +100,7 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
 
     def predict(net, x: np.ndarray) -> np.ndarray:
         """The net's predictions: values, or (classification) class probabilities."""
-        out = net(torch.from_numpy(x).to(next(net.parameters()).device))
-        return (torch.softmax(out, dim=-1) if cfg.class_priors is not None else out).cpu().numpy()
+        return net.predict(torch.from_numpy(x).to(next(net.parameters()).device)).cpu().numpy()
 
     every = cfg.checkpoint_interval()
     callbacks = []
