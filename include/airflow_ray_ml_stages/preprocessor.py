@@ -195,8 +195,16 @@ class Preprocessor:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise SpecError(f"not a preprocessor in format {FORMAT!r}: found {found!r}")
-        preprocessor = cls(data["scaler"], list(data["numeric_columns"]),
-                           {k: list(v) for k, v in data["categories"].items()},
+        categories = {k: list(v) for k, v in data["categories"].items()}
+        output = data.get("output_columns")
+        if isinstance(output, list):
+            # The file is written with sorted keys, so the object loses the categorical columns' order;
+            # the output columns (the model's input order) keep it: each column sits where its first
+            # one-hot column does.
+            where = {name: index for index, name in enumerate(output) if isinstance(name, str)}
+            categories = dict(sorted(categories.items(), key=lambda item: where.get(
+                f"{item[0]}{ONE_HOT_SEPARATOR}{item[1][0]}" if item[1] else "", len(output))))
+        preprocessor = cls(data["scaler"], list(data["numeric_columns"]), categories,
                            {k: {s: float(x) for s, x in v.items()} for k, v in data["statistics"].items()},
                            data.get("label_column", ""), data.get("task", "regression"), data.get("classes"))
         if (preprocessor.task == "classification") != isinstance(preprocessor.classes, list):

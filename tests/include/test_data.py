@@ -191,6 +191,20 @@ def test_preprocessor_json_round_trip_transforms_a_batch_identically(frame, scal
         assert out[columns].min().min() == 0 and out[columns].max().max() == 1
 
 
+def test_preprocessor_json_keeps_the_order_of_categorical_columns_not_in_alphabetical_order():
+    # The model's inputs are the output columns in the data stage's order; the file's sorted keys must not
+    # reorder them (a table whose categorical columns are not alphabetical, with '=' inside categories).
+    categories = {"marital": ["1. Never", "2. Married"], "health": ["1. <=Good", "2. >=Very Good"], "age_band": ["a"]}
+    fitted = Preprocessor.fit("standard", ["x"], Moments.of(np.array([[1.0], [3.0]])), categories, "wage")
+    loaded = Preprocessor.from_json(fitted.to_json())
+    assert loaded.output_columns == fitted.output_columns == [
+        "x", "marital=1. Never", "marital=2. Married", "health=1. <=Good", "health=2. >=Very Good", "age_band=a"]
+    batch = pd.DataFrame({"x": [1.0, 3.0], "marital": ["2. Married", "1. Never"], "health": ["1. <=Good", "?"],
+                          "age_band": ["a", "a"]})
+    pd.testing.assert_frame_equal(loaded.transform(batch), fitted.transform(batch))
+    assert loaded.transform(batch)["health=1. <=Good"].tolist() == [1.0, 0.0]
+
+
 def test_preprocessor_unseen_category_and_constant_column_are_safe():
     batch = pd.DataFrame({"x": [2.0, 2.0], "colour": ["red", "rosé"]})
     fitted = Preprocessor.fit("standard", ["x"], Moments.of(np.array([[2.0], [2.0]])), {"colour": ["red"]}, "y")
