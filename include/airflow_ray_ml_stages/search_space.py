@@ -78,6 +78,19 @@ DEFAULT_SEARCH_SPACE: dict[str, Any] = {
 }
 """The default for the wine data: both families, both scalers, each family's main hyperparameters."""
 
+DEFAULT_START_CONFIGS: list[dict[str, Any]] = [
+    # XGBoost with its library's own defaults (with the space's rounds and early stopping)
+    {"family": "xgboost", "eta": 0.3, "max_depth": 6, "subsample": 1.0, "colsample_bytree": 1.0,
+     "min_child_weight": 1.0, "reg_lambda": 1.0},
+    # XGBoost as a random forest: 100 deep trees on bootstrap-sized row samples, grown in one round
+    {"family": "xgboost", "num_parallel_tree": 100, "num_boost_round": 1, "eta": 1.0, "max_depth": 12,
+     "subsample": 0.632, "colsample_bytree": 1.0, "colsample_bynode": 0.8, "min_child_weight": 1.0,
+     "reg_lambda": 1e-6},
+]
+"""The configs a random search tries first (TuneSpec's ``start_configs`` default): the two plain tree
+ensembles a search has to beat, so the champion is chosen against them on the same validation rows.
+A config of a family the space cannot pick is left out."""
+
 
 def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
@@ -220,14 +233,22 @@ class SearchSpace:
             return tune.choice(options) if kind == "choice" else tune.grid_search(options)
         return getattr(tune, kind)(*argument)
 
-    def to_ray(self) -> dict[str, Any]:
-        """Ray Tune's ``param_space``; non-scalar choices as indices (decoded by :meth:`decode`)."""
+    def to_ray(self, points: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Ray Tune's ``param_space``; non-scalar choices as indices (decoded by :meth:`decode`).
+
+        ``points``: the :meth:`start_point` s the searcher runs first. Ray Tune takes only a point's
+        keys that the space has, so a hyperparameter a start config sets and the block does not
+        name is added as None, which :meth:`decode` leaves out of sampled configs.
+        """
         space: dict[str, Any] = {"family": self._ray_domain(self.raw.get("family", "lightning"))}
         if "scaler" in self.raw:
             space["scaler"] = self._ray_domain(self.raw["scaler"])
         for family, block in self.blocks.items():
-            if block:
-                space[family] = {name: self._ray_domain(value) for name, value in block.items()}
+            names = {name: self._ray_domain(value) for name, value in block.items()}
+            for point in points or []:
+                names.update({name: None for name in point.get(family, {}) if name not in block})
+            if names:
+                space[family] = names
         return space
 
     def decode(self, sampled: dict[str, Any]) -> dict[str, Any]:
@@ -237,11 +258,52 @@ class SearchSpace:
         if sampled.get("scaler") is not None:
             config["scaler"] = sampled["scaler"]
         for name, value in (sampled.get(family) or {}).items():
-            domain = _domain("", self.blocks[family][name])
+            # a start config may set hyperparameters the block does not name: they come as given
+            if name not in self.blocks[family] and value is None:
+                continue  # to_ray's placeholder in a sampled config
+            domain = _domain("", self.blocks[family].get(name))
             if domain and domain[0] in ("choice", "grid") and not all(_is_scalar(x) for x in domain[1]):
                 value = domain[1][int(value)]
             config[name] = _plain(value)
         return config
+
+    def start_point(self, config: dict[str, Any], where: str = "start config") -> dict[str, Any]:
+        """A train config (family, optional scaler, hyperparameters) as a point of :meth:`to_ray`'s space.
+
+        What Ray Tune's ``points_to_evaluate`` takes: the searcher runs it before sampling, and
+        :meth:`decode` gives the config back. Hyperparameters it does not name are sampled as usual; a
+        choice of lists (``hidden_sizes``) must be given one of its options. SpecError names what to fix.
+        """
+        if not isinstance(config, dict):
+            raise SpecError(f"{where} must be a JSON object of family, scaler and hyperparameters, got {config!r}")
+        family = config.get("family", "lightning")
+        if family not in self.families:
+            raise SpecError(f"{where} has family {family!r}, which the search space does not pick (it picks "
+                            f"{self.families}); add it to the space's family choice or drop the config")
+        scaler = config.get("scaler", self.scalers[0])
+        if scaler not in self.scalers:
+            raise SpecError(f"{where} has scaler {scaler!r}; the search space's scalers are {self.scalers}")
+        try:
+            resolve_train_config({key: value for key, value in config.items() if key != "scaler"})
+        except SpecError as err:
+            raise SpecError(f"{where}: {err}") from None
+        block = {}
+        for name, value in config.items():
+            if name in ("family", "scaler"):
+                continue
+            domain = _domain("", self.blocks[family].get(name))
+            if domain and domain[0] in ("choice", "grid") and not all(_is_scalar(x) for x in domain[1]):
+                if value not in domain[1]:
+                    raise SpecError(f"{where}: {name} {value!r} must be one of the search space's choices "
+                                    f"{domain[1]}")
+                value = domain[1].index(value)
+            block[name] = value
+        point: dict[str, Any] = {"family": family}
+        if scaler is not None:
+            point["scaler"] = scaler
+        if block:
+            point[family] = block
+        return point
 
     def max_budget(self, family: str) -> int:
         """The most epochs (lightning) or rounds (xgboost) a trial of ``family`` can run."""

@@ -598,6 +598,12 @@ class TuneSpec(StageSpec):
         ``val_macro_f1`` (classification); its direction follows. None: ``val_rmse`` for regression,
         ``val_log_loss`` for classification.
     :param searcher: ``random`` (Ray Tune's random/grid search) or ``optuna`` (Optuna's TPE).
+    :param start_configs: configs the random search runs first, before it samples (Ray Tune's
+        ``points_to_evaluate``; they count toward ``num_samples``): each a train config of a family the
+        space picks, with ``scaler`` (default: the space's first) and any hyperparameters (those it
+        does not name are sampled). None: ``DEFAULT_START_CONFIGS`` of the space's families (XGBoost
+        with its library's defaults and as a random forest), none for a space with grid domains;
+        ``[]``: none. With ``searcher`` ``optuna`` it must be None or ``[]``.
     :param scheduler: ``asha`` (early stopping of poor trials) or ``none`` (every trial runs to its end).
     :param num_samples: trials to run (times the grid's size, where the space has grid domains).
     :param max_concurrent_trials: trials at once; None: as many as the per-trial resources fit.
@@ -628,6 +634,7 @@ class TuneSpec(StageSpec):
     search_space: dict[str, Any] | None = None
     metric: str | None = None
     searcher: str = "random"
+    start_configs: list[dict[str, Any]] | None = None
     scheduler: str = "asha"
     num_samples: int = 16
     max_concurrent_trials: int | None = None
@@ -682,6 +689,13 @@ class TuneSpec(StageSpec):
         space = self.space()
         if self.searcher == "optuna" and space.has_grid:
             raise SpecError(f"{owner}: searcher 'optuna' cannot search grid domains; use choice, or searcher 'random'")
+        if self.start_configs is not None and not isinstance(self.start_configs, list):
+            raise SpecError(f"{owner}.start_configs must be a list of train configs, [] or null, got "
+                            f"{self.start_configs!r}")
+        if self.searcher == "optuna" and self.start_configs:
+            raise SpecError(f"{owner}.start_configs are run by searcher 'random'; Optuna's TPE starts from samples "
+                            "of its own: give searcher 'random', or start_configs [] or null")
+        self.start_points()
         asked = [scaler for scaler in space.scalers if scaler is not None]
         if asked and self.preprocessor_uri is None:
             raise SpecError(
@@ -701,6 +715,20 @@ class TuneSpec(StageSpec):
         from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, SearchSpace
 
         return SearchSpace(DEFAULT_SEARCH_SPACE if self.search_space is None else self.search_space)
+
+    def start_points(self) -> list[dict[str, Any]]:
+        """The start configs as points of the space (Ray Tune's ``points_to_evaluate``), at most ``num_samples``."""
+        from airflow_ray_ml_stages.search_space import DEFAULT_START_CONFIGS
+
+        space = self.space()
+        if self.searcher != "random":
+            return []
+        if self.start_configs is None:
+            configs = [] if space.has_grid else [c for c in DEFAULT_START_CONFIGS if c["family"] in space.families]
+        else:
+            configs = self.start_configs
+        points = [space.start_point(config, f"TuneSpec.start_configs[{index}]") for index, config in enumerate(configs)]
+        return points[: self.num_samples]
 
 
 @dataclasses.dataclass

@@ -260,7 +260,7 @@ def _searcher(spec: TuneSpec):
         return OptunaSearch(seed=spec.seed)  # TPE; metric and mode come from TuneConfig
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=spec.seed)
+    return BasicVariantGenerator(random_state=spec.seed, points_to_evaluate=spec.start_points() or None)
 
 
 def _scheduler(spec: TuneSpec):
@@ -332,7 +332,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
              spec.max_concurrent_trials or "as resources allow", train_rows, name)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(run_trial, base=base), resources),
-        param_space=space.to_ray(),
+        param_space=space.to_ray(spec.start_points()),
         tune_config=tune.TuneConfig(
             metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
             max_concurrent_trials=spec.max_concurrent_trials, search_alg=_searcher(spec),

@@ -12,6 +12,12 @@ from airflow_ray_ml.ray_tune import RayTuneOperator
 START = datetime(2026, 1, 1)
 # Small on purpose (2 CPUs shared with other tests): 4 trials, half a CPU each, two at a time.
 SMALL = {"num_samples": 4, "cpus_per_trial": 0.5, "max_concurrent_trials": 2, "reports_per_trial": 2}
+# Run first, before the random samples: one config of each family (the forest sets keys the space does not name).
+START_CONFIGS = [
+    {"family": "lightning", "scaler": "minmax", "hidden_sizes": [32, 16], "lr": 0.005},
+    {"family": "xgboost", "num_parallel_tree": 10, "num_boost_round": 1, "eta": 1.0, "max_depth": 4,
+     "subsample": 0.632, "colsample_bynode": 0.8},
+]
 
 
 def _tune(**kwargs) -> RayTuneOperator:
@@ -22,7 +28,7 @@ def _tune(**kwargs) -> RayTuneOperator:
 # Tune, then train the best config as RayTrain would in the pipeline: config is the XCom as is.
 with DAG(dag_id="tune_then_train", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True) as tune_then_train:
-    tune = _tune()
+    tune = _tune(start_configs=START_CONFIGS)
     RayTrainOperator(task_id="train", poll_interval_s=0.3, data="{{ dag_run.conf['preprocess'] }}",
                      config=tune.output["best_config"])
 

@@ -188,3 +188,64 @@ def test_default_search_space_narrows_to_the_chosen_families_and_sets_budgets():
     assert both["scaler"] == "none"
     with pytest.raises(SpecError, match=r"families may hold .*got \['svm'\]"):
         default_search_space(["svm"])
+
+
+def test_default_start_configs_are_points_of_the_space_that_decode_back_to_them():
+    """The random search runs XGBoost's library defaults and a forest first; they decode to the configs given."""
+    from airflow_ray_ml_stages.search_space import DEFAULT_START_CONFIGS
+
+    spec = TuneSpec(**DATA)
+    points = spec.start_points()
+    assert [point["family"] for point in points] == ["xgboost", "xgboost"]
+    space = spec.space()
+    for point, start in zip(points, DEFAULT_START_CONFIGS):
+        assert point["scaler"] == space.scalers[0]
+        decoded = space.decode(point)
+        assert decoded == {**start, "scaler": space.scalers[0]}
+        resolve_train_config(decoded)
+    # Ray Tune takes a point's keys only where the space has them: the forest's extra keys are placeholders
+    # there, which a sampled config leaves out.
+    from ray.tune.search.variant_generator import _get_preset_variants, generate_variants
+
+    param_space = space.to_ray(points)
+    forest = next(point for point in points if "num_parallel_tree" in point["xgboost"])
+    _, preset = next(_get_preset_variants({"config": param_space}, forest))
+    assert space.decode(preset["config"])["num_parallel_tree"] == 100
+    np.random.seed(1)
+    for _ in range(10):
+        _, sampled = next(generate_variants(param_space))
+        assert "num_parallel_tree" not in space.decode(sampled) and "colsample_bynode" not in space.decode(sampled)
+    # none where the space cannot pick XGBoost, none for Optuna or a grid space, none when told, at most num_samples
+    assert TuneSpec(**{**DATA, "search_space": {"family": "lightning"}, "preprocessor_uri": None}).start_points() == []
+    assert TuneSpec(**{**DATA, "searcher": "optuna"}).start_points() == []
+    assert TuneSpec(**{**DATA, "start_configs": []}).start_points() == []
+    assert TuneSpec(**{**DATA, "search_space": {"family": "xgboost", "xgboost": {"max_depth": {"grid": [2, 4]}}},
+                       "preprocessor_uri": None}).start_points() == []
+    assert len(TuneSpec(**{**DATA, "num_samples": 1}).start_points()) == 1
+
+
+def test_a_start_config_with_a_list_choice_is_searched_by_its_index():
+    spec = TuneSpec(**{**DATA, "start_configs": [{"family": "lightning", "hidden_sizes": [128, 64], "lr": 0.5}]})
+    (point,) = spec.start_points()
+    options = DEFAULT_SEARCH_SPACE["lightning"]["hidden_sizes"]["choice"]
+    assert point["lightning"]["hidden_sizes"] == options.index([128, 64])
+    assert spec.space().decode(point) == {"family": "lightning", "scaler": "standard", "hidden_sizes": [128, 64],
+                                          "lr": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"start_configs": {"family": "xgboost"}}, "start_configs must be a list of train configs"),
+        ({"start_configs": [{"family": "xgboost"}], "searcher": "optuna"}, "are run by searcher 'random'"),
+        ({"start_configs": [{"family": "xgboost"}], "search_space": {"family": "lightning"}, "preprocessor_uri": None},
+         "start_configs\\[0\\] has family 'xgboost', which the search space does not pick"),
+        ({"start_configs": [{"family": "xgboost", "scaler": "none"}]}, "scaler 'none'; the search space's scalers"),
+        ({"start_configs": [{"family": "xgboost", "eta": 2}]}, "start_configs\\[0\\]: .*eta"),
+        ({"start_configs": [{"family": "lightning", "hidden_sizes": [7]}]}, "must be one of the search space's choices"),
+        ({"start_configs": ["xgboost"]}, "start_configs\\[0\\] must be a JSON object"),
+    ],
+)
+def test_bad_start_config_raises_naming_it(fields, message):
+    with pytest.raises(SpecError, match=message):
+        TuneSpec(**{**DATA, **fields})

@@ -14,6 +14,7 @@ from airflow_ray_ml.ray_tune import RayTuneOperator
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.models import load_model
 from tests.conftest import load_dag
+from tests.dag_fixtures.tune_dags import START_CONFIGS
 from tests.operators.test_ray_job import _xcom
 from tests.train_data import load_split, write_preprocessed
 
@@ -55,6 +56,9 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
     assert [row["rank"] for row in rows] == [1, 2, 3, 4] and len({row["trial_id"] for row in rows}) == 4
     assert {row["family"] for row in rows} == {"lightning", "xgboost"}
+    # The start configs ran as given (the forest with keys the space does not name) before two samples.
+    for start in START_CONFIGS:
+        assert [row for row in rows if start.items() <= row["config"].items()], start
     completed = [row["metrics"]["val_rmse"] for row in rows if row["status"] == "COMPLETED"]
     assert completed == sorted(completed) and rows[0]["status"] == "COMPLETED"
     best = rows[0]
