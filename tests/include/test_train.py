@@ -245,6 +245,30 @@ def test_classification_trains_both_families_and_predicts_class_probabilities(tm
     assert accuracy == pytest.approx(test["accuracy"])
 
 
+def test_xgboost_forest_start_config_trains_on_columns_xgboost_refuses_by_name(tmp_path):
+    """The default search's random-forest start config trains and loads; one-hot columns of categories such as
+    ``1. <=Good`` or ``[a]`` are names XGBoost's DMatrix refuses, and still train and serve."""
+    from airflow_ray_ml_stages.search_space import DEFAULT_START_CONFIGS
+    from tests.train_data import write_splits
+
+    fields = write_splits(tmp_path / "splits", rows=1500, seed=3)
+    renamed = {"type_red": "type=1. <=Red", "type_white": "type=[white]"}
+    for split in ("train", "validation", "test"):
+        path = fields[f"{split}_uri"]
+        pd.read_parquet(path).rename(columns=renamed).to_parquet(path)
+    fields["feature_columns"] = [renamed.get(column, column) for column in fields["feature_columns"]]
+    forest = next(config for config in DEFAULT_START_CONFIGS if config.get("num_parallel_tree", 1) > 1)
+    result = run_training(TrainSpec(**{**fields, "preprocessor_uri": None}, artifact_dir=str(tmp_path / "train"),
+                                    config=forest))
+    assert result.training["rounds_kept"] == 1 and result.metrics["test"]["rmse"] < result.baseline["test_rmse"]
+    model = load_model(result.model_dir)
+    test = pd.read_parquet(fields["test_uri"])
+    with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
+        np.testing.assert_allclose(model.predict(test[fields["feature_columns"]].to_numpy(np.float32)),
+                                   saved["y_pred"], rtol=1e-5, atol=1e-5)
+    assert len(model.booster.get_dump()) == forest["num_parallel_tree"]
+
+
 def test_classification_split_with_a_label_outside_the_classes_is_refused(tmp_path):
     from tests.train_data import write_splits
 

@@ -29,6 +29,19 @@ PREPROCESSOR = "preprocessor.json"
 TORCH_WEIGHTS = "model.pt"
 TORCH_CONFIG = "model_config.json"
 XGBOOST_MODEL = "model.ubj"
+_XGBOOST_REFUSED = {"[": "%5B", "]": "%5D", "<": "%3C"}
+
+
+def xgboost_feature_names(columns: list[str]) -> list[str]:
+    """The feature columns as XGBoost takes them: it refuses names with ``[``, ``]`` or ``<`` (a
+    one-hot column of a category such as ``1. <=Good``), so those characters are percent-encoded.
+    Other names are unchanged, so boosters saved before read the same names."""
+    names = []
+    for column in columns:
+        for char, code in _XGBOOST_REFUSED.items():
+            column = column.replace(char, code)
+        names.append(column)
+    return names
 
 
 def _as_features(features: Any, n_features: int) -> np.ndarray:
@@ -92,7 +105,7 @@ class XGBoostModel:
         import xgboost
 
         array = _as_features(features, len(self.card.feature_columns))
-        matrix = xgboost.DMatrix(array, feature_names=list(self.card.feature_columns))
+        matrix = xgboost.DMatrix(array, feature_names=xgboost_feature_names(self.card.feature_columns))
         predicted = self.booster.predict(matrix).astype(np.float64)
         if self.card.task == "classification":
             return class_probabilities(predicted, len(self.card.classes))

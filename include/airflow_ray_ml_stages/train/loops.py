@@ -17,7 +17,9 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.metrics import validation_metrics
-from airflow_ray_ml_stages.models import TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL, class_probabilities
+from airflow_ray_ml_stages.models import (
+    TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL, class_probabilities, xgboost_feature_names,
+)
 from airflow_ray_ml_stages.train.contexts import RayTrainContext, loop_context
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import announce_worker, write_evaluation, write_final
@@ -211,7 +213,8 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
     context = loop_context(cfg, context)
     rank, world_size = context.get_world_rank(), context.get_world_size()
     announce_worker(cfg, rank)
-    config, features, label = cfg.config, cfg.feature_columns, cfg.label_column
+    config, label = cfg.config, cfg.label_column
+    features = xgboost_feature_names(cfg.feature_columns)
 
     timings, phase_started = {}, time.monotonic()
     train_arrays = start_reading_train_split(cfg, rank, world_size)  # while xgboost imports
