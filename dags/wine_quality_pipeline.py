@@ -131,6 +131,18 @@ with DAG(
                            description=f"Labels below it fail the run. {RANGE_HELP}"),
         "label_max": Param(None, type=["null", "number"], title="Highest label",
                            description="Labels above it fail the run (see Lowest label)"),
+        "drop_columns": Param([], type="array", uniqueItems=True, items={"type": "string", "minLength": 1},
+                              title="Columns to leave out", section="Data cleaning",
+                              description="Columns of your files that are not features (ids, free text, a "
+                                          "column derived from the label), one per line"),
+        "nan_policy": Param(PreprocessSpec.nan_policy, type="string", enum=["fail", "drop"],
+                            title="Missing values", section="Data cleaning",
+                            description="fail: a row with a missing, NaN or infinite value fails the run; "
+                                        "drop: such rows are left out and counted"),
+        "max_categories": Param(PreprocessSpec.max_categories, type="integer", minimum=1, maximum=100_000,
+                                title="Most categories", section="Data cleaning",
+                                description="A text column with more distinct training values fails the run "
+                                            "(leave it out, or raise this)"),
         "families": Param(list(FAMILIES), type="array", minItems=1, uniqueItems=True,
                           items={"type": "string", "enum": list(FAMILIES)},
                           examples=list(FAMILIES),  # what makes the form a multi-select
@@ -217,6 +229,9 @@ with DAG(
         label_threshold="{{ params.label_threshold }}",
         scaler="{{ params.scalers[0] }}",
         label_range="{{ label_range(params) }}",  # the DAG's macro, from label_min and label_max
+        drop_columns="{{ params.drop_columns }}",
+        nan_policy="{{ params.nan_policy }}",
+        max_categories="{{ params.max_categories }}",
         doc_md="Validate, split and scale the data (pyarrow in the job, or Ray Data across the cluster); "
                "the XCom lists the splits and the preprocessor.",
     )

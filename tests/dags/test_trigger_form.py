@@ -26,7 +26,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage"]
-SECTIONS = ["Search", "Training", "Deploy", "Compute", "Demo data"]  # collapsed until opened
+SECTIONS = ["Data cleaning", "Search", "Training", "Deploy", "Compute", "Demo data"]  # collapsed until opened
 DEFAULT_SECTION = "Run Parameters"  # Airflow's name for the Params without a section; open
 TIMEOUT_MS = 15_000
 

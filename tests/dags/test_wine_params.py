@@ -52,6 +52,15 @@ def test_params_source_lines_arrive_as_files_without_blank_lines(build):
     assert built["preprocess"]["label_range"] is None  # no check on a user's data unless asked
 
 
+def test_params_data_cleaning_reaches_the_preprocess_spec_as_typed_values(build):
+    built = build(source=["/data/hitters.csv"], label_column="Salary", drop_columns=["name", "player id"],
+                  nan_policy="drop", max_categories=400)
+    assert built["preprocess"]["drop_columns"] == ["name", "player id"]
+    assert built["preprocess"]["nan_policy"] == "drop" and built["preprocess"]["max_categories"] == 400
+    default = build()["preprocess"]
+    assert default["drop_columns"] == [] and default["nan_policy"] == "fail" and default["max_categories"] == 100
+
+
 @pytest.mark.parametrize(("low", "high", "expected"), [
     (3, 9, [3, 9]),
     (9, 3, [3, 9]),  # the wrong way round: swapped, not a failed preprocess task
@@ -102,6 +111,9 @@ def test_params_empty_search_space_means_the_one_built_from_the_form(build):
     ({"searcher": None}, "searcher"),
     ({"placement_strategy": None}, "placement_strategy"),
     ({"label_column": "  "}, "label_column"),
+    ({"nan_policy": "ignore"}, "nan_policy"),
+    ({"drop_columns": "name"}, "drop_columns"),  # a list, one column per line in the form
+    ({"max_categories": 0}, "max_categories"),
     ({"serve_route": "wine"}, "serve_route"),
     ({"time_budget_s": 5}, "time_budget_s"),
     ({"search_space": {"family": "catboost"}}, "search_space"),

@@ -112,7 +112,8 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         if len(values) > spec.max_categories:
             raise DataSourceError(
                 f"categorical column {column!r} has {len(values)} distinct training values (more than "
-                f"max_categories={spec.max_categories}), e.g. {values[:5]}: drop it or raise max_categories"
+                f"max_categories={spec.max_categories}), e.g. {values[:5]}: leave it out (drop_columns) or "
+                "raise max_categories"
             )
         categories[column] = values
     width = len(plan.numeric)  # the scaler's columns: without the label
