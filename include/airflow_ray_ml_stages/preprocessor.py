@@ -231,16 +231,31 @@ class Preprocessor:
         return cls.from_json(artifacts.read_bytes(uri))
 
 
+def _without_round_off(values: np.ndarray, reference: np.ndarray, digits: int = 12) -> np.ndarray:
+    """``values`` rounded to ``digits`` significant decimal digits of ``max(|value|, reference)``.
+
+    Undoing the scaling, ``z * scale + shift``, errs by a few float64 ulps of the larger of the value
+    and the column's ``|shift| + |scale|`` (``reference``); 12 digits of that size drop the error.
+    """
+    size = np.maximum(np.abs(values), reference)
+    finite = np.isfinite(values) & (size > 0)
+    factor = 10.0 ** (digits - 1 - np.floor(np.log10(np.where(finite, size, 1.0))))
+    return np.where(finite, np.round(values * factor) / factor, values)
+
+
 def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.DataFrame:
     """Raw rows back from model inputs: undo the scaling, and decode one-hot columns.
 
     Used to send rows of a preprocessed split to an endpoint that takes raw features (the
-    deployment smoke test); a row whose one-hot columns are all zero decodes to ``None``.
+    deployment smoke test); a row whose one-hot columns are all zero decodes to ``None``. Numbers
+    come back without the scaling's round-off (``1511.9999999999998`` is 1512 again): as the file
+    gave them, to 12 significant digits of the column's scale.
     """
     import pandas as pd
 
     shift, scale = preprocessor._scale_arrays()
-    numeric = features[preprocessor.numeric_columns].to_numpy(dtype="float64") * scale + shift
+    numeric = _without_round_off(features[preprocessor.numeric_columns].to_numpy(dtype="float64") * scale + shift,
+                                 np.abs(shift) + np.abs(scale))
     raw = pd.DataFrame(numeric, columns=preprocessor.numeric_columns, index=features.index)
     for column, values in preprocessor.categories.items():
         one_hot = features[[f"{column}{ONE_HOT_SEPARATOR}{value}" for value in values]].to_numpy()

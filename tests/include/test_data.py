@@ -205,6 +205,17 @@ def test_preprocessor_json_keeps_the_order_of_categorical_columns_not_in_alphabe
     assert loaded.transform(batch)["health=1. <=Good"].tolist() == [1.0, 0.0]
 
 
+@pytest.mark.parametrize("scaler", ["standard", "minmax"])
+def test_inverse_transform_gives_back_the_numbers_as_written_without_round_off(scaler):
+    from airflow_ray_ml_stages.preprocessor import inverse_transform
+
+    raw = pd.DataFrame({"x": [1512.0, 0.28, 3.2e-5, -7.125, 0.0, 123456.789], "colour": ["red"] * 6})
+    fitted = Preprocessor.fit(scaler, ["x"], Moments.of(raw[["x"]].to_numpy() * 1.37 + 0.11), {"colour": ["red"]}, "y")
+    back = inverse_transform(fitted, fitted.transform(raw))
+    assert back["x"].tolist() == raw["x"].tolist()  # exactly: 1512.0, not 1511.9999999999998
+    assert back["colour"].tolist() == raw["colour"].tolist()
+
+
 def test_preprocessor_unseen_category_and_constant_column_are_safe():
     batch = pd.DataFrame({"x": [2.0, 2.0], "colour": ["red", "rosé"]})
     fitted = Preprocessor.fit("standard", ["x"], Moments.of(np.array([[2.0], [2.0]])), {"colour": ["red"]}, "y")
