@@ -36,6 +36,11 @@ from airflow_ray_ml_stages.wine import TYPE_COLUMN
 
 log = logging.getLogger("airflow_ray_ml_stages.score")
 
+IO_TASK_CPUS = 0.25
+"""CPUs each read and write task of the scoring reserves. Ray Data's default is 1, so on a small cluster
+where Serve replicas already hold a share (three replicas of 0.25 on 2 CPUs, beside a scoring actor of
+0.5) no read task could start and the job waited forever; a quarter CPU always fits beside them."""
+
 PATH_COLUMN = "__rayml_source_path"
 SAMPLE_ROWS = 3
 _ERROR_MARK = "rayml-score-error: "
@@ -188,8 +193,9 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     context.execution_options.preserve_order = True  # predictions in the input's row order
     filesystem, _ = artifacts.resolve(files[0])
     paths = [artifacts.resolve(f)[1] for f in files]
+    io_args = {"num_cpus": IO_TASK_CPUS}
     if output_format == "parquet":
-        dataset = ray.data.read_parquet(paths, filesystem=filesystem)
+        dataset = ray.data.read_parquet(paths, filesystem=filesystem, ray_remote_args=io_args)
         names = dataset.schema().names
     else:
         head = _head(files[0])
@@ -217,10 +223,10 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     if dataset is None:
         dataset = ray.data.read_csv(
             paths, filesystem=filesystem, include_paths=colour_by_path,
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter), ray_remote_args=io_args,
         )
     elif colour_by_path:
-        dataset = ray.data.read_parquet(paths, filesystem=filesystem, include_paths=True)
+        dataset = ray.data.read_parquet(paths, filesystem=filesystem, include_paths=True, ray_remote_args=io_args)
     if colour_by_path:
         dataset = dataset.rename_columns({"path": PATH_COLUMN})
 
@@ -242,9 +248,9 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
              version, output_uri)
     try:
         if output_format == "parquet":
-            scored.write_parquet(target if local else output_uri)
+            scored.write_parquet(target if local else output_uri, ray_remote_args=io_args)
         else:
-            scored.write_csv(target if local else output_uri)
+            scored.write_csv(target if local else output_uri, ray_remote_args=io_args)
     except Exception as err:
         if local:
             shutil.rmtree(target, ignore_errors=True)
