@@ -27,6 +27,10 @@ JOB_ENV_VARS = {
 SCALERS = ("standard", "minmax", "none")
 """The preprocessor's scalers: what a preprocess spec, a train config or a search space may name."""
 
+ACCELERATOR_CHOICES = ("auto", "gpu", "cpu")
+"""A train or tune spec's ``accelerator``: ``auto`` lets :func:`airflow_ray_ml_stages.device.choose_device` weigh
+the work against the GPU; ``gpu`` and ``cpu`` override it."""
+
 TASKS = ("regression", "classification")
 """What a pipeline predicts: a number (``regression``) or one of the label's classes (``classification``)."""
 

@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Any, ClassVar
 
-from airflow_ray_ml_stages.constants import DEFAULT_METRIC, SCALERS, TASK_METRICS, TASKS, task_of
+from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES, DEFAULT_METRIC, SCALERS, TASK_METRICS, TASKS, task_of
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.spec_base import JsonDataclass, require_choice, require_int_range, require_non_empty
 # The train stage's config: TrainSpec checks its config with resolve_train_config, and the
@@ -381,6 +381,9 @@ class TrainSpec(StageSpec):
     :param config: ``family`` (``lightning`` or ``xgboost``) and hyperparameters; a RayTune best
         config can be passed as is. Missing hyperparameters take the family's defaults.
     :param compute: the GPU probe's compute spec (``ComputeSpec`` as a dict); default: one CPU worker.
+    :param accelerator: ``auto``: GPU or CPU from the probe's answer and the size of the work
+        (:func:`airflow_ray_ml_stages.device.choose_device`); ``gpu``: the GPU whenever the probe
+        found one; ``cpu``: never the GPU.
     :param num_workers: Ray Train workers; 0 runs Train's local mode (the loop runs in the job's
         own process: no actor start-up, but no worker to restart from a checkpoint either). None
         sizes from the data: below ``scale_out_min_rows`` training rows local mode on CPU and one
@@ -417,6 +420,7 @@ class TrainSpec(StageSpec):
     data_fingerprint: str = ""
     config: dict[str, Any] = dataclasses.field(default_factory=lambda: {"family": "lightning"})
     compute: dict[str, Any] = dataclasses.field(default_factory=default_compute)
+    accelerator: str = "auto"
     num_workers: int | None = None
     scale_out_min_rows: int = 200_000
     direct_max_bytes: int = 2 * 1024**3
@@ -452,6 +456,7 @@ class TrainSpec(StageSpec):
                 "were scaled; pass the preprocess manifest's preprocessor_uri (and preprocessor_variants)"
             )
         ComputeSpec.from_dict(self.compute)
+        require_choice("TrainSpec", "accelerator", self.accelerator, ACCELERATOR_CHOICES)
         if self.num_workers is not None:
             require_int_range("TrainSpec", "num_workers", self.num_workers, 0)
         require_int_range("TrainSpec", "scale_out_min_rows", self.scale_out_min_rows, 1)
@@ -609,6 +614,9 @@ class TuneSpec(StageSpec):
     :param max_concurrent_trials: trials at once; None: as many as the per-trial resources fit.
     :param cpus_per_trial: CPUs each trial reserves; None: the compute spec's ``cpus_per_worker``.
     :param compute: the GPU probe's compute spec; a GPU spec gives each trial ``gpus_per_worker``.
+    :param accelerator: ``auto``: GPU or CPU from the probe's answer and the size of the work
+        (:func:`airflow_ray_ml_stages.device.choose_device`); ``gpu``: the GPU whenever the probe
+        found one; ``cpu``: never the GPU.
     :param time_budget_s: stop starting and running trials after this long; None: no limit.
     :param reports_per_trial: how many times a trial reports over its full budget (epochs or
         rounds); ASHA's rungs count these reports, so both families are cut at the same share.
@@ -640,6 +648,7 @@ class TuneSpec(StageSpec):
     max_concurrent_trials: int | None = None
     cpus_per_trial: float | None = None
     compute: dict[str, Any] = dataclasses.field(default_factory=default_compute)
+    accelerator: str = "auto"
     time_budget_s: float | None = None
     reports_per_trial: int = 10
     asha_grace_period: int = 2
@@ -681,6 +690,7 @@ class TuneSpec(StageSpec):
         ):
             raise SpecError(f"{owner}.cpus_per_trial must be a number > 0 or null, got {self.cpus_per_trial!r}")
         ComputeSpec.from_dict(self.compute)
+        require_choice(owner, "accelerator", self.accelerator, ACCELERATOR_CHOICES)
         _require_seconds(owner, "time_budget_s", self.time_budget_s, allow_none=True)
         require_int_range(owner, "reports_per_trial", self.reports_per_trial, 1)
         require_int_range(owner, "asha_grace_period", self.asha_grace_period, 1)
