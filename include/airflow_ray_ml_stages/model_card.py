@@ -62,6 +62,9 @@ class ModelCard:
     framework_versions: dict[str, str] | None = None
     trial_id: str | None = None
     """The Ray Tune trial that trained the model (a Tune trial's card)."""
+    input_types: dict[str, str] | None = None
+    """The raw input columns the model takes (its preprocessor's), each with its type: ``number``,
+    ``boolean`` or ``category``."""
 
     def to_dict(self) -> dict[str, Any]:
         """The card as JSON data: every field up to ``preprocessor``, the later ones where set."""

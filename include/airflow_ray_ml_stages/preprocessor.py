@@ -1,4 +1,4 @@
-"""The fitted preprocessor: one-hot encoding and scaling, saved as JSON, applied with plain numpy.
+"""The fitted preprocessor: scaling, boolean 0/1 and one-hot encoding, saved as JSON, applied with plain numpy.
 
 The ``data`` stage fits it on the training split only (from :class:`Moments` merged across Ray
 Data batches) and writes it as JSON: column lists, categories and statistics, nothing executable,
@@ -10,6 +10,7 @@ turns a batch into model inputs: the stage calls it on numpy arrays when it writ
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,51 @@ from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 
 FORMAT = "rayml.preprocessor/1"
 ONE_HOT_SEPARATOR = "="
+
+# The words of a boolean column, compared without case or surrounding spaces: a column whose values
+# are all among them is read as booleans (see airflow_ray_ml_stages.data.schema).
+TRUE_WORDS = frozenset({"true", "yes"})
+FALSE_WORDS = frozenset({"false", "no"})
+BOOLEAN_WORDS = TRUE_WORDS | FALSE_WORDS
+
+
+def boolean_number(value: Any) -> float | None:
+    """A boolean column's value as 1.0 or 0.0, NaN where missing, None where it is not a boolean.
+
+    Taken: JSON/Python/numpy booleans, the words (any case), and the numbers 0 and 1 (what a tool
+    that writes booleans as numbers gives).
+    """
+    if value is None:
+        return math.nan
+    if isinstance(value, (bool, np.bool_)):
+        return 1.0 if value else 0.0
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        number = float(value)
+        if math.isnan(number):
+            return math.nan
+        return number if number in (0.0, 1.0) else None
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in TRUE_WORDS:
+            return 1.0
+        if word in FALSE_WORDS:
+            return 0.0
+    return None
+
+
+def boolean_numbers(values) -> tuple[np.ndarray, np.ndarray]:
+    """Values of a boolean column as float64 1/0 (NaN: missing or not a boolean), and where they are not booleans."""
+    distinct: dict[Any, float | None] = {}
+    numbers = np.empty(len(values), dtype="float64")
+    invalid = np.zeros(len(values), dtype=bool)
+    for index, value in enumerate(values):
+        key = (type(value), value) if isinstance(value, (str, bool, int)) else None
+        number = distinct[key] if key in distinct else boolean_number(value)
+        if key is not None:
+            distinct[key] = number
+        numbers[index] = math.nan if number is None else number
+        invalid[index] = number is None
+    return numbers, invalid
 
 
 @dataclass
@@ -77,7 +123,7 @@ class Moments:
 
 @dataclass
 class Preprocessor:
-    """Numeric scaling and one-hot encoding, fitted on the training split.
+    """Numeric scaling, boolean 0/1 and one-hot encoding, fitted on the training split.
 
     :param scaler: ``standard`` (``(x - mean) / std``), ``minmax`` (``(x - min) / (max - min)``)
         or ``none``. A constant column (std or range 0) is only centred/shifted, never divided by 0.
@@ -89,6 +135,9 @@ class Preprocessor:
     :param task: ``regression`` (the splits hold the label as it is) or ``classification``.
     :param classes: classification only: the label's values (integers, or strings for a text
         label), in the order of the class indexes the splits hold as the label.
+    :param boolean_columns: input columns of booleans, each one model input of 1.0 (true) or 0.0
+        (false), unscaled, after the numeric columns. A preprocessor saved before booleans were
+        told apart has none (such a column is one of its categories) and works as it did.
     """
 
     scaler: str
@@ -98,11 +147,12 @@ class Preprocessor:
     label_column: str = ""
     task: str = "regression"
     classes: list[Any] | None = None
+    boolean_columns: list[str] = field(default_factory=list)
 
     @classmethod
     def fit(cls, scaler: str, numeric_columns: list[str], moments: Moments,
             categories: dict[str, list[str]], label_column: str, task: str = "regression",
-            classes: list[Any] | None = None) -> "Preprocessor":
+            classes: list[Any] | None = None, boolean_columns: list[str] | None = None) -> "Preprocessor":
         """Build the preprocessor from the training split's moments and categories."""
         statistics: dict[str, dict[str, float]] = {}
         if scaler == "standard":
@@ -112,16 +162,22 @@ class Preprocessor:
             for index, column in enumerate(numeric_columns):
                 statistics[column] = {"min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
         return cls(scaler, list(numeric_columns), {k: list(v) for k, v in categories.items()}, statistics, label_column,
-                   task, None if classes is None else list(classes))
+                   task, None if classes is None else list(classes), list(boolean_columns or []))
 
     @property
     def input_columns(self) -> list[str]:
-        return [*self.numeric_columns, *self.categories]
+        return [*self.numeric_columns, *self.boolean_columns, *self.categories]
 
     @property
     def output_columns(self) -> list[str]:
         one_hot = [f"{column}{ONE_HOT_SEPARATOR}{value}" for column, values in self.categories.items() for value in values]
-        return [*self.numeric_columns, *one_hot]
+        return [*self.numeric_columns, *self.boolean_columns, *one_hot]
+
+    def input_types(self) -> dict[str, str]:
+        """Each input column with its type: ``number``, ``boolean`` or ``category``, in input order."""
+        return {**{column: "number" for column in self.numeric_columns},
+                **{column: "boolean" for column in self.boolean_columns},
+                **{column: "category" for column in self.categories}}
 
     def _scale_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Per numeric column: subtract the first array, divide by the second."""
@@ -138,7 +194,10 @@ class Preprocessor:
         return shift, np.where(scale > 0, scale, 1.0)
 
     def transform(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """Return the model inputs for ``frame`` (raw columns) as float64 columns in output order."""
+        """Return the model inputs for ``frame`` (raw columns) as float64 columns in output order.
+
+        A boolean column's values are read with :func:`boolean_number` (one that is not a boolean: NaN).
+        """
         import pandas as pd
 
         missing = [column for column in self.input_columns if column not in frame.columns]
@@ -150,24 +209,30 @@ class Preprocessor:
         for column in self.categories:
             codes, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
             categorical[column] = (codes, list(uniques))
-        matrix = self.transform_arrays(frame[self.numeric_columns].to_numpy(dtype="float64"), categorical)
+        numeric = np.empty((len(frame), len(self.numeric_columns) + len(self.boolean_columns)), dtype="float64")
+        numeric[:, : len(self.numeric_columns)] = frame[self.numeric_columns].to_numpy(dtype="float64")
+        for index, column in enumerate(self.boolean_columns, start=len(self.numeric_columns)):
+            numeric[:, index] = boolean_numbers(frame[column].to_numpy(dtype=object))[0]
+        matrix = self.transform_arrays(numeric, categorical)
         return pd.DataFrame(matrix, columns=self.output_columns, index=frame.index)
 
     def transform_arrays(self, numeric: np.ndarray, categorical: dict[str, tuple[np.ndarray, list]]) -> np.ndarray:
         """The model inputs as one float64 matrix in output order.
 
-        :param numeric: rows x ``numeric_columns`` (float64; not modified).
+        :param numeric: rows x (``numeric_columns``, then ``boolean_columns`` as 1/0) (float64; not modified).
         :param categorical: per categorical column, each row's code into its distinct values and
             those values (code -1: missing, encoded as all zeros like an unseen value).
         """
         shift, scale = self._scale_arrays()
         rows = numeric.shape[0]
-        width = len(self.numeric_columns) + sum(len(values) for values in self.categories.values())
+        plain = len(self.numeric_columns) + len(self.boolean_columns)
+        width = plain + sum(len(values) for values in self.categories.values())
         matrix = np.empty((rows, width), dtype="float64", order="F")  # columns contiguous: zero-copy to Arrow
         scaled = matrix[:, : len(self.numeric_columns)]
-        np.subtract(numeric, shift, out=scaled)
+        np.subtract(numeric[:, : len(self.numeric_columns)], shift, out=scaled)
         scaled /= scale
-        start = len(self.numeric_columns)
+        matrix[:, len(self.numeric_columns): plain] = numeric[:, len(self.numeric_columns): plain]
+        start = plain
         for column, trained in self.categories.items():
             codes, values = categorical[column]
             position = {value: index for index, value in enumerate(trained)}
@@ -185,6 +250,8 @@ class Preprocessor:
                 "label_column": self.label_column, "output_columns": self.output_columns, "task": self.task}
         if self.classes is not None:
             data["classes"] = self.classes
+        if self.boolean_columns:  # absent otherwise: such a file reads as it did before booleans
+            data["boolean_columns"] = self.boolean_columns
         return data
 
     def to_json(self) -> str:
@@ -206,7 +273,8 @@ class Preprocessor:
                 f"{item[0]}{ONE_HOT_SEPARATOR}{item[1][0]}" if item[1] else "", len(output))))
         preprocessor = cls(data["scaler"], list(data["numeric_columns"]), categories,
                            {k: {s: float(x) for s, x in v.items()} for k, v in data["statistics"].items()},
-                           data.get("label_column", ""), data.get("task", "regression"), data.get("classes"))
+                           data.get("label_column", ""), data.get("task", "regression"), data.get("classes"),
+                           list(data.get("boolean_columns", [])))
         if (preprocessor.task == "classification") != isinstance(preprocessor.classes, list):
             raise SpecError(f"preprocessor JSON is inconsistent: task {preprocessor.task!r} with classes "
                             f"{preprocessor.classes!r} (a classification preprocessor lists its classes, only it)")
@@ -231,6 +299,18 @@ class Preprocessor:
         return cls.from_json(artifacts.read_bytes(uri))
 
 
+def input_types_of(preprocessor_json: str | bytes) -> dict[str, str] | None:
+    """The input types (:meth:`Preprocessor.input_types`) of a preprocessor file, for a model card.
+
+    None where the file is not a preprocessor in :data:`FORMAT` (a model trained on splits made
+    elsewhere still gets its card; only this field stays empty).
+    """
+    try:
+        return Preprocessor.from_json(preprocessor_json).input_types()
+    except (SpecError, KeyError, TypeError, AttributeError, ValueError):
+        return None
+
+
 def _without_round_off(values: np.ndarray, reference: np.ndarray, digits: int = 12) -> np.ndarray:
     """``values`` rounded to ``digits`` significant decimal digits of ``max(|value|, reference)``.
 
@@ -244,10 +324,11 @@ def _without_round_off(values: np.ndarray, reference: np.ndarray, digits: int = 
 
 
 def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.DataFrame:
-    """Raw rows back from model inputs: undo the scaling, and decode one-hot columns.
+    """Raw rows back from model inputs: undo the scaling, and decode boolean and one-hot columns.
 
     Used to send rows of a preprocessed split to an endpoint that takes raw features (the
-    deployment smoke test); a row whose one-hot columns are all zero decodes to ``None``. Numbers
+    deployment smoke test); booleans come back as ``True``/``False`` (JSON booleans); a row whose
+    one-hot columns are all zero decodes to ``None``. Numbers
     come back without the scaling's round-off (``1511.9999999999998`` is 1512 again): as the file
     gave them, to 12 significant digits of the column's scale.
     """
@@ -257,6 +338,10 @@ def inverse_transform(preprocessor: Preprocessor, features: pd.DataFrame) -> pd.
     numeric = _without_round_off(features[preprocessor.numeric_columns].to_numpy(dtype="float64") * scale + shift,
                                  np.abs(shift) + np.abs(scale))
     raw = pd.DataFrame(numeric, columns=preprocessor.numeric_columns, index=features.index)
+    for column in preprocessor.boolean_columns:
+        raw[column] = pd.Series([None if np.isnan(value) else bool(value > 0.5)
+                                 for value in features[column].to_numpy(dtype="float64")], index=features.index,
+                                dtype=object)
     for column, values in preprocessor.categories.items():
         one_hot = features[[f"{column}{ONE_HOT_SEPARATOR}{value}" for value in values]].to_numpy()
         chosen = np.asarray(values, dtype=object)[one_hot.argmax(axis=1)] if values else np.full(len(raw), None)

@@ -29,6 +29,7 @@ import numpy as np
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import DataSourceError
 from airflow_ray_ml_stages.model_card import ModelCard
+from airflow_ray_ml_stages.preprocessor import boolean_numbers
 from airflow_ray_ml_stages.specs import ScoreResult, ScoreSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
 from airflow_ray_ml_stages.tables import PARQUET_SUFFIXES, colour_from_name, detect_delimiter
@@ -128,6 +129,14 @@ class BatchScorer:
                 self._fail(f"column {column!r} has {int(bad.sum())} non-numeric, missing or infinite value(s) "
                            f"in this batch, e.g. rows {sample}; fix or drop those rows")
             frame[column] = values
+        for column in self.model.preprocessor.boolean_columns:
+            numbers, _ = boolean_numbers(frame[column].to_numpy(dtype=object))
+            bad = np.isnan(numbers)
+            if bad.any():
+                sample = batch.loc[bad, columns].head(SAMPLE_ROWS).to_dict(orient="records")
+                self._fail(f"column {column!r} holds booleans but has {int(bad.sum())} missing or other value(s) in "
+                           f"this batch, e.g. rows {sample}; give true/false (or yes/no) in every row")
+            frame[column] = numbers.astype(bool)
         for column, allowed in self.model.preprocessor.categories.items():
             bad = ~frame[column].isin(allowed)
             if bad.any():

@@ -10,8 +10,8 @@ the live replicas, not a restart. Routes, under the application's route prefix:
   ``{"predictions": [<number>, ...], "model_version"}``; a classification model
   ``{"predictions": [<class>, ...], "probabilities": [[<p>, ...], ...], "classes", "model_version"}``
   (each row's most probable class, and every class's probability in ``classes`` order).
-* ``GET /openapi.json`` — this contract for the loaded model: one property per feature (numbers, or
-  the training categories as an enum), the row limit, and the responses of the model's task. What
+* ``GET /openapi.json`` — this contract for the loaded model: one property per feature (numbers,
+  JSON booleans for a boolean column, or the training categories as an enum), the row limit, and the responses of the model's task. What
   the schema allows is what ``/predict`` accepts: the body is checked against that same schema.
   ``GET /docs`` renders it.
 * ``GET /health`` — 200 with the model version once a model is loaded.
@@ -142,7 +142,8 @@ METADATA_SCHEMA: dict[str, Any] = {
 }
 
 # A 422's ``type`` for a value of the wrong JSON type, by the type expected.
-_TYPE_KINDS = {"number": "number_type", "object": "dict_type", "array": "list_type", "string": "string_type"}
+_TYPE_KINDS = {"number": "number_type", "object": "dict_type", "array": "list_type", "string": "string_type",
+               "boolean": "bool_type"}
 
 
 @dataclass
@@ -179,6 +180,7 @@ class LoadedModel:
         return {
             "input_columns": self.input_columns,
             "numeric": list(self.preprocessor.numeric_columns),
+            "boolean": list(self.preprocessor.boolean_columns),
             "categorical": {column: list(values) for column, values in self.preprocessor.categories.items()},
             "max_instances": MAX_INSTANCES,
         }
@@ -198,6 +200,8 @@ class LoadedModel:
                                                      "its range counts as the largest float32)"}
             for column in self.preprocessor.numeric_columns
         }
+        for column in self.preprocessor.boolean_columns:
+            features[column] = {"type": "boolean", "description": "true or false"}
         for column, values in self.preprocessor.categories.items():
             features[column] = {"type": "string", "enum": list(values), "description": "a category seen in training"}
         row = {"title": "Row", "type": "object", "properties": features, "required": self.input_columns,
@@ -281,19 +285,22 @@ class LoadedModel:
         return Draft202012Validator(self.request_schema)
 
     @cached_property
-    def _allowed(self) -> tuple[frozenset[str], tuple[str, ...], dict[str, frozenset[str]]]:
+    def _allowed(self) -> tuple[frozenset[str], tuple[str, ...], tuple[str, ...], dict[str, frozenset[str]]]:
         categories = {column: frozenset(values) for column, values in self.preprocessor.categories.items()}
-        return frozenset(self.input_columns), tuple(self.preprocessor.numeric_columns), categories
+        return (frozenset(self.input_columns), tuple(self.preprocessor.numeric_columns),
+                tuple(self.preprocessor.boolean_columns), categories)
 
     def _row_fits(self, row: Any) -> bool:
         """A quick check, no looser than the schema, that passes the rows of a good request."""
-        columns, numeric, categories = self._allowed
+        columns, numeric, boolean, categories = self._allowed
         if type(row) is not dict or row.keys() != columns:
             return False
         for column in numeric:
             value = row[column]
             if type(value) not in (int, float):
                 return False
+        if any(type(row[column]) is not bool for column in boolean):
+            return False
         return all(type(row[column]) is str and row[column] in allowed for column, allowed in categories.items())
 
     def check_body(self, body: Any) -> tuple[pd.DataFrame | None, list[dict[str, Any]]]:
@@ -344,6 +351,9 @@ class LoadedModel:
                 problems.append(problem(where, f"must be one of {expected}, got {_short.repr(value)}", "enum"))
             elif keyword == "type" and expected == "number":
                 problems.append(problem(where, f"must be a number, got {_short.repr(value)}", "number_type"))
+            elif keyword == "type" and expected == "boolean":
+                problems.append(problem(where, f"must be true or false (a JSON boolean), got {_short.repr(value)}",
+                                        "bool_type"))
             elif keyword == "type" and in_row:
                 problems.append(problem(where, f"a row must be an object of feature: value with every input column "
                                         f"{columns} (rows as lists are not accepted), got {_short.repr(value)}",

@@ -37,6 +37,7 @@ from airflow_ray_ml_stages.errors import TuneError
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR
+from airflow_ray_ml_stages.preprocessor import input_types_of
 from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
@@ -91,9 +92,11 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     labels, predictions = read_validation(directory)
     metrics = validation_metrics(cfg.task, labels, predictions)
     model_dir = cfg.model_dir
+    input_types = None
     if scaling["preprocessor_uri"]:
-        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR),
-                                     artifacts.read_bytes(scaling["preprocessor_uri"]))
+        preprocessor_json = artifacts.read_bytes(scaling["preprocessor_uri"])
+        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), preprocessor_json)
+        input_types = input_types_of(preprocessor_json)
     ModelCard(
         family=family, feature_columns=base["feature_columns"], label_column=base["label_column"],
         task=cfg.task, classes=base["classes"],
@@ -101,6 +104,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
         metrics={"validation": {name[4:]: value for name, value in metrics.items()}},
         seed=base["seed"], data_fingerprint=base["data_fingerprint"],
         preprocessor=PREPROCESSOR if scaling["preprocessor_uri"] else None, trial_id=trial_id,
+        input_types=input_types,
     ).write(model_dir)
     # The final model's metrics last: the searcher learns what RayTrain would reproduce.
     tune_report({"final": True}, cfg.task, labels, predictions)

@@ -17,6 +17,7 @@ from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 from airflow_ray_ml_stages.data.schema import NULL_TOKENS, ColumnPlan
 from airflow_ray_ml_stages.data.sources import SAMPLE_ROWS
 from airflow_ray_ml_stages.data.split import hash_columns, split_of_hashes
+from airflow_ray_ml_stages.preprocessor import boolean_numbers
 
 
 PATH_COLUMN = "path"
@@ -26,7 +27,7 @@ PATH_COLUMN = "path"
 class BatchContext:
     """What every batch function needs, as JSON-able fields shipped to the Ray tasks."""
 
-    numeric: list[str]
+    numeric: list[str]  # the float64 matrix's columns: the numeric features, then the boolean ones (as 1/0)
     categorical: list[str]
     label: str
     split: list[float]
@@ -43,10 +44,12 @@ class BatchContext:
     # class (its key, see airflow_ray_ml_stages.data.labels) its cut points [train_end, validation_end].
     classes: list[Any] | None = None
     cuts: dict[str, list[int]] | None = None
+    boolean: list[str] = field(default_factory=list)  # the boolean features: the last ones of ``numeric``
 
     @property
     def plan(self) -> ColumnPlan:
-        return ColumnPlan(self.numeric, self.categorical, self.label, self.label_text)
+        return ColumnPlan([c for c in self.numeric if c not in self.boolean], self.categorical, self.label,
+                          self.label_text, list(self.boolean))
 
     @property
     def stratified(self) -> bool:
@@ -106,6 +109,27 @@ def text_label(codes: np.ndarray, values: list) -> tuple[np.ndarray, list, np.nd
     return codes, values, np.where(codes < 0, np.nan, 0.0)
 
 
+BAD_VALUES = 5  # a finding of values that are not booleans quotes at most this many of them
+BAD_VALUE_CHARS = 40  # each cut to this length
+
+
+def boolean_floats(values) -> tuple[np.ndarray, np.ndarray]:
+    """A boolean column's values as 1.0/0.0 (NaN: missing, or not a boolean), and which are not booleans.
+
+    The missing tokens (``""``, ``NA``, ...) are missing values, as in a numeric column.
+    """
+    numbers, invalid = boolean_numbers(values)
+    if invalid.any():
+        invalid &= ~np.array([isinstance(value, str) and value.strip() in NULL_TOKENS for value in values], dtype=bool)
+    return numbers, invalid
+
+
+def bad_values(values) -> list[str]:
+    """A few distinct values that are not booleans, cut short, for an error message."""
+    distinct = sorted({str(value) for value in values})
+    return [value[:BAD_VALUE_CHARS] for value in distinct[:BAD_VALUES]]
+
+
 @dataclass
 class Batch:
     """One batch in canonical types, as arrays (what every per-batch step works on).
@@ -115,7 +139,8 @@ class Batch:
     :param codes: per categorical column, each row's index into ``values[column]`` (-1: missing).
     :param values: per categorical column, its distinct string values in this batch.
     :param source_codes: each row's index into ``sources`` (the source URIs).
-    :param non_numeric: findings of non-numeric values in numeric columns (the slow pandas path).
+    :param non_numeric: findings of non-numeric values in numeric columns (the slow pandas path), and
+        of values that are not booleans in boolean columns (with ``values``: a few of them).
     :param label_codes: a text label only: each row's index into ``label_values`` (-1: missing).
     :param label_values: a text label only: its distinct values in this batch.
     """
@@ -171,8 +196,12 @@ class Batch:
             return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
         texts = [*ctx.categorical, *([ctx.label] if ctx.label_text else [])]
+        numbers = [c for c in ctx.numeric if c not in ctx.boolean]
         numeric_ok = all(c in table.column_names and plain_numeric(table.schema.field(c).type)
-                         for c in [*ctx.numeric, *([] if ctx.label_text else [ctx.label])])
+                         for c in [*numbers, *([] if ctx.label_text else [ctx.label])])
+        numeric_ok = numeric_ok and all(c in table.column_names and (pa.types.is_boolean(table.schema.field(c).type)
+                                                                     or plain_string(table.schema.field(c).type))
+                                        for c in ctx.boolean)
         strings_ok = all(plain_string(table.schema.field(c).type) for c in texts if c in table.column_names)
         rows = table.num_rows
         if not (numeric_ok and strings_ok):
@@ -190,8 +219,18 @@ class Batch:
         else:
             source_codes, sources = np.zeros(rows, dtype="int32"), [""]
         numeric = np.empty((rows, len(ctx.numeric) + 1), dtype="float64", order="F")  # columns contiguous
+        not_boolean: dict[str, tuple[np.ndarray, list[str]]] = {}
         for index, column in enumerate([*ctx.numeric, *([] if ctx.label_text else [ctx.label])]):
             found = table[column]
+            if column in ctx.boolean and not pa.types.is_boolean(found.type):
+                if not pa.types.is_dictionary(found.type):
+                    found = pa.chunked_array([found.combine_chunks().dictionary_encode()])
+                codes, words = dictionary_codes(found)
+                lookup, invalid = boolean_floats(words)
+                numeric[:, index] = np.append(lookup, np.nan)[codes]  # -1 (missing) picks the trailing NaN
+                if invalid.any():
+                    not_boolean[column] = (np.append(invalid, False)[codes], bad_values(np.asarray(words)[invalid]))
+                continue
             numeric[:, index] = float_numpy(found if found.type == pa.float64() else found.cast(pa.float64()))
         codes, values = {}, {}
         for column in texts:
@@ -208,7 +247,10 @@ class Batch:
         label_codes = label_values = None
         if ctx.label_text:
             label_codes, label_values, numeric[:, -1] = text_label(codes.pop(ctx.label), values.pop(ctx.label))
-        return cls(numeric, codes, values, source_codes, sources, label_codes=label_codes, label_values=label_values)
+        batch = cls(numeric, codes, values, source_codes, sources, label_codes=label_codes, label_values=label_values)
+        for column, (mask, found) in not_boolean.items():
+            batch.non_numeric[column] = {**batch.finding(mask, ctx), "values": found}
+        return batch
 
     def uri(self, row: int) -> str:
         return self.sources[self.source_codes[row]]
@@ -218,6 +260,8 @@ class Batch:
         out: dict[str, Any] = {}
         for index, column in enumerate(ctx.numeric):
             out[column] = self.numeric[row, index]
+            if column in ctx.boolean:
+                out[column] = None if np.isnan(out[column]) else bool(out[column])
         for column in ctx.categorical:
             code = self.codes[column][row]
             out[column] = None if code < 0 else self.values[column][code]
@@ -275,7 +319,8 @@ def normalise(batch: pd.DataFrame, ctx: BatchContext) -> tuple[pd.DataFrame, lis
     """Return the used columns in canonical types, each row's source URI, and non-numeric findings.
 
     Numeric columns become float64 (non-numeric strings, possible in Parquet, become NaN and are
-    reported); categorical columns become Python strings (missing: None).
+    reported), boolean columns 1.0/0.0 (others NaN, reported); categorical columns become Python
+    strings (missing: None).
     """
     pd = import_pandas()
 
@@ -291,6 +336,14 @@ def normalise(batch: pd.DataFrame, ctx: BatchContext) -> tuple[pd.DataFrame, lis
         if column in ctx.categorical or (ctx.label_text and column == ctx.label):
             raw = values.astype(object)
             frame[column] = raw.where(raw.notna(), None).map(lambda v: v if v is None else str(v))
+            continue
+        if column in ctx.boolean:
+            text = values.astype(object)
+            numbers, invalid = boolean_floats(text.where(text.notna(), None).to_numpy(dtype=object))
+            if invalid.any():
+                non_numeric[column] = {**_finding(frame.assign(**{column: text}), uris, invalid),
+                                       "values": bad_values(text[invalid])}
+            frame[column] = numbers
             continue
         if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
             frame[column] = values.to_numpy(dtype="float64", na_value=np.nan)

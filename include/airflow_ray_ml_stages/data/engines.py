@@ -54,7 +54,8 @@ def _csv_options(layout: SourceLayout, plan: ColumnPlan):
     import pyarrow.csv as pacsv
 
     used = [c for c in layout.columns if c in plan.used]
-    text = {*plan.categorical, *([plan.label] if plan.label_text else [])}
+    # Boolean columns are read as text too: their words become 1/0 in Batch.from_arrow.
+    text = {*plan.categorical, *plan.boolean, *([plan.label] if plan.label_text else [])}
     types = {c: (pa.dictionary(pa.int32(), pa.string()) if c in text else pa.float64()) for c in used}
     return (pacsv.ParseOptions(delimiter=layout.delimiter),
             pacsv.ConvertOptions(column_types=types, include_columns=used))

@@ -187,8 +187,9 @@ def _label_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec
 def build_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec, layouts: list[SourceLayout],
                   fingerprint: str, classes: list[Any] | None = None) -> dict[str, Any]:
     """The data profile (``profile.json``) of the merged total; ``classes`` for classification."""
-    width = len(plan.numeric) + 1
-    columns = [*plan.numeric, plan.label][: width - 1 if plan.label_text else width]  # a text label has no statistics
+    width = len(plan.numeric) + len(plan.boolean) + 1
+    # A boolean column's statistics are of its 1/0 values (the mean: the share of true); a text label has none.
+    columns = [*plan.numeric, *plan.boolean, plan.label][: width - 1 if plan.label_text else width]
     overall = Moments.empty(width)
     for name in SPLITS:
         overall = overall.merge(total["splits"][name]["moments"])
@@ -208,5 +209,6 @@ def build_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec,
         "columns_by_split": {name: _stats(total["splits"][name]["moments"], columns) for name in SPLITS},
         "categories": {c: {name: total["splits"][name]["categories"].get(c, {}) for name in SPLITS}
                        for c in plan.categorical},
+        "boolean": list(plan.boolean),
         "label": _label_profile(total, plan, spec, classes),
     }

@@ -1,16 +1,17 @@
 """Which columns are what: the files' columns checked against each other and the spec, and planned.
 
 :func:`plan_columns` raises on files that do not share one schema, a missing label or feature
-column, or an unexpected column, and decides which features are numeric and which categorical
+column, or an unexpected column, and decides which features are numeric, boolean and categorical
 and whether a classification label is read as text (:class:`ColumnPlan`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from airflow_ray_ml_stages.data.sources import SourceLayout, filesystem_of
 from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.preprocessor import BOOLEAN_WORDS
 from airflow_ray_ml_stages.specs import PreprocessSpec
 
 
@@ -26,16 +27,19 @@ class ColumnPlan:
 
     :param label_text: the label is read as text (a classification label whose values are not
         numbers: each distinct string a class); otherwise as float64 like the numeric columns.
+    :param boolean: features of booleans (true/false or yes/no, any case; or a Parquet boolean
+        column): read as text (a CSV) and carried as 1.0/0.0 after the numeric columns.
     """
 
     numeric: list[str]
     categorical: list[str]
     label: str
     label_text: bool = False
+    boolean: list[str] = field(default_factory=list)
 
     @property
     def features(self) -> list[str]:
-        return [*self.numeric, *self.categorical]
+        return [*self.numeric, *self.boolean, *self.categorical]
 
     @property
     def used(self) -> list[str]:
@@ -61,6 +65,24 @@ def _looks_categorical(layout: SourceLayout, column: str) -> bool:
         return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind)
     values = _head_values(layout, column)
     return bool(values) and not any(_is_number(value) for value in values)
+
+
+def _looks_boolean(layout: SourceLayout, column: str) -> bool:
+    """True for a Parquet boolean column, or one whose first non-empty values are all boolean words."""
+    if column in layout.derived:
+        return False
+    if layout.file_format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        filesystem, inner = filesystem_of(layout.path)
+        with filesystem.open_input_file(inner) as handle:
+            if pa.types.is_boolean(pq.ParquetFile(handle).schema_arrow.field(column).type):
+                return True
+        if not _looks_categorical(layout, column):
+            return False
+    values = _head_values(layout, column)
+    return bool(values) and all(value.lower() in BOOLEAN_WORDS for value in values)
 
 
 def _head_values(layout: SourceLayout, column: str) -> list[str]:
@@ -136,11 +158,14 @@ def plan_columns(layouts: list[SourceLayout], spec: PreprocessSpec) -> ColumnPla
         stray = [c for c in spec.categorical_columns if c not in features]
         if stray:
             raise DataSourceError(f"categorical column(s) {stray} are not feature columns of {first.uri!r}: {features}")
+        # A column listed in categorical_columns stays a category even when it holds booleans.
         categorical = [c for c in features if c in spec.categorical_columns]
+        boolean = [c for c in features if c not in categorical and _looks_boolean(first, c)]
     else:
-        categorical = [c for c in features if _looks_categorical(first, c)]
-    numeric = [c for c in features if c not in categorical]
-    return ColumnPlan(numeric, categorical, spec.label_column, _label_is_text(first, spec))
+        boolean = [c for c in features if _looks_boolean(first, c)]
+        categorical = [c for c in features if c not in boolean and _looks_categorical(first, c)]
+    numeric = [c for c in features if c not in categorical and c not in boolean]
+    return ColumnPlan(numeric, categorical, spec.label_column, _label_is_text(first, spec), boolean)
 
 
 def _label_is_text(layout: SourceLayout, spec: PreprocessSpec) -> bool:

@@ -53,13 +53,14 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         path = download(uri, scratch) if uri.startswith(("http://", "https://")) else reader_path(uri)
         layouts.append(inspect_source(uri, path, spec))
     plan = plan_columns(layouts, spec)
-    log.info("sources %s: numeric %s, categorical %s, label %r%s", spec.source, plan.numeric, plan.categorical, plan.label,
-             " (text)" if plan.label_text else "")
-    ctx = BatchContext(plan.numeric, plan.categorical, plan.label, list(spec.split), spec.seed, spec.nan_policy,
-                       spec.label_range, {l.path: l.uri for l in layouts}, {l.uri: l.derived for l in layouts},
-                       task=spec.task, label_text=plan.label_text, label_threshold=spec.label_threshold,
-                       max_categories=spec.max_categories)
-    width = len(plan.numeric) + 1  # the numeric columns and the label
+    log.info("sources %s: numeric %s, boolean %s, categorical %s, label %r%s", spec.source, plan.numeric, plan.boolean,
+             plan.categorical, plan.label, " (text)" if plan.label_text else "")
+    ctx = BatchContext([*plan.numeric, *plan.boolean], plan.categorical, plan.label, list(spec.split), spec.seed,
+                       spec.nan_policy, spec.label_range, {l.path: l.uri for l in layouts},
+                       {l.uri: l.derived for l in layouts}, task=spec.task, label_text=plan.label_text,
+                       label_threshold=spec.label_threshold, max_categories=spec.max_categories,
+                       boolean=plan.boolean)
+    width = len(ctx.numeric) + 1  # the numeric and boolean columns and the label
 
     fingerprint: dict[str, str] = {}
     hasher = threading.Thread(target=fingerprint_sources, args=(layouts, fingerprint), daemon=True)
@@ -116,11 +117,11 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
                 "raise max_categories"
             )
         categories[column] = values
-    width = len(plan.numeric)  # the scaler's columns: without the label
+    width = len(plan.numeric)  # the scaler's columns: without the booleans and the label
     train_moments = Moments(train["moments"].count, train["moments"].mean[:width], train["moments"].m2[:width],
                             train["moments"].minimum[:width], train["moments"].maximum[:width])
     preprocessor = Preprocessor.fit(spec.scaler, plan.numeric, train_moments, categories, plan.label, spec.task,
-                                    ctx.classes)
+                                    ctx.classes, plan.boolean)
     hasher.join()
 
     # Everything is valid: now write.
@@ -142,7 +143,8 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     # trial or the train stage maps the written splits to another scaler exactly, without a refit.
     variants = {}
     for scaler in SCALERS:
-        variant = Preprocessor.fit(scaler, plan.numeric, train_moments, categories, plan.label, spec.task, ctx.classes)
+        variant = Preprocessor.fit(scaler, plan.numeric, train_moments, categories, plan.label, spec.task, ctx.classes,
+                                   plan.boolean)
         variants[scaler] = artifacts.join(spec.artifact_dir, "preprocessors", f"{scaler}.json")
         artifacts.write_bytes_atomic(variants[scaler], variant.to_json().encode("utf-8"))
     profile_uri = artifacts.join(spec.artifact_dir, "profile.json")

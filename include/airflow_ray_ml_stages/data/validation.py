@@ -1,4 +1,4 @@
-"""The row checks and their error messages: non-numeric, NaN/infinite/missing, labels out of range.
+"""The row checks and their error messages: non-numeric, not boolean, NaN/infinite/missing, labels out of range.
 
 :func:`clean_batch` finds the failing rows of a batch (per file, with samples);
 :func:`raise_findings` turns the merged findings into the first error, naming the file, the column
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from airflow_ray_ml_stages.data.batch import Batch, BatchContext
+from airflow_ray_ml_stages.data.batch import BAD_VALUES, Batch, BatchContext
 from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 from airflow_ray_ml_stages.data.schema import NULL_TOKENS, ColumnPlan
 from airflow_ray_ml_stages.data.sources import SAMPLE_ROWS, SourceLayout, filesystem_of
@@ -27,6 +27,8 @@ def merge_finding(into: dict[str, dict], found: dict[str, dict]) -> None:
         for uri, count in finding["files"].items():
             current["files"][uri] = current["files"].get(uri, 0) + count
         current["samples"] = (current["samples"] + finding["samples"])[:SAMPLE_ROWS]
+        if "values" in finding:  # a boolean column's values that are not booleans
+            current["values"] = sorted({*current.get("values", []), *finding["values"]})[:BAD_VALUES]
 
 
 def clean_batch(batch: Batch, ctx: BatchContext) -> tuple[np.ndarray, dict[str, dict], dict]:
@@ -66,6 +68,12 @@ def raise_findings(total: dict[str, Any], ctx: BatchContext) -> None:
         return f"in {files}; sample rows: {json.dumps(finding['samples'])}"
 
     for column, finding in total["non_numeric"].items():
+        if column in ctx.boolean:
+            raise DataSourceError(
+                f"column {column!r} holds booleans in its first rows (true/false or yes/no) but has "
+                f"{finding['count']} other value(s) such as {finding.get('values', [])} {describe(finding)}. Fix the "
+                f"values, or list {column!r} in categorical_columns to use its values as categories"
+            )
         raise DataSourceError(
             f"column {column!r} must be numeric but has {finding['count']} non-numeric value(s) {describe(finding)}. "
             f"Fix the values, or {_text_fix(column, ctx.label)}"

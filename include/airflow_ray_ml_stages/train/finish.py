@@ -21,6 +21,7 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, task_metrics
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR
+from airflow_ray_ml_stages.preprocessor import input_types_of
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import EVALUATION_DIR, read_evaluation, run_name, worker_record_uris
@@ -86,8 +87,11 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
         "stage_s": round(time.monotonic() - started, 3),
     }
     model_version = f"{family}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    input_types = None
     if preprocessor_uri:
-        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), artifacts.read_bytes(preprocessor_uri))
+        preprocessor_json = artifacts.read_bytes(preprocessor_uri)
+        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), preprocessor_json)
+        input_types = input_types_of(preprocessor_json)
     if spec.scaler:
         config = {**config, "scaler": spec.scaler}  # recorded; the booster never saw it
     ModelCard(
@@ -97,6 +101,7 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
         preprocessor=PREPROCESSOR if preprocessor_uri else None, model_version=model_version,
         trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), baseline=baseline,
         compute=compute_used, training=training, framework_versions=_framework_versions(family),
+        input_types=input_types,
     ).write(model_dir)
     metric = DEFAULT_METRIC[task]
     log.info("trained %s %s: test %s %.4f (baseline %.4f), validation %s %.4f; %s", family, model_version,
