@@ -18,8 +18,8 @@ import pytest
 
 from airflow_ray_ml_stages import wine
 from airflow_ray_ml_stages.data.split import assign_splits
-from airflow_ray_ml_stages.errors import SpecError
-from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor, feature_affine
+from airflow_ray_ml_stages.errors import DataSourceError, SpecError
+from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor, feature_affine, inverse_transform
 from airflow_ray_ml_stages.specs import PreprocessSpec
 from tests.conftest import ROOT
 
@@ -538,3 +538,117 @@ def test_data_stage_writes_every_scaler_variant_that_maps_the_written_split_exac
     expected = expected.sort_values(list(written.columns)).reset_index(drop=True)
     np.testing.assert_allclose(np.sort(mapped, axis=0), np.sort(expected[result["feature_columns"]].to_numpy(), axis=0),
                                atol=1e-8)
+
+
+# -- boolean columns ----------------------------------------------------------------------------
+
+def _boolean_table(rows: int, seed: int = 4) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    flag = rng.random(rows) < 0.4
+    return pd.DataFrame({
+        "x": rng.normal(size=rows).round(6),
+        "flag": np.where(flag, "True", "False"),  # as pandas writes a bool column
+        "member": rng.choice(["yes", "No", "YES", "no"], rows),
+        "answer": rng.choice(["true", "maybe"], rows),  # not every value a boolean word: a category
+        "zero_one": rng.integers(0, 2, rows),  # numbers: stays numeric
+        "y": rng.normal(size=rows).round(6) + 3 * flag,
+    })
+
+
+def _preprocess_here(tmp_path, source: str, **fields):
+    from airflow_ray_ml_stages.data.stage import run_preprocess
+
+    return run_preprocess(PreprocessSpec(source=[source], label_column="y", artifact_dir=str(tmp_path / "out"),
+                                         **fields))
+
+
+def test_data_stage_boolean_columns_become_one_unscaled_zero_one_input_each(tmp_path):
+    table = _boolean_table(400)
+    table.to_csv(tmp_path / "table.csv", index=False)
+    result = _preprocess_here(tmp_path, str(tmp_path / "table.csv"))
+    preprocessor = Preprocessor.load(result.preprocessor_uri)
+    assert preprocessor.input_types() == {"x": "number", "zero_one": "number", "flag": "boolean",
+                                          "member": "boolean", "answer": "category"}
+    assert result.feature_columns == ["x", "zero_one", "flag", "member", "answer=maybe", "answer=true"]
+    written = pd.concat([pd.read_parquet(uri) for uri in result.split_uris.values()])
+    assert len(written) == len(table) and set(written["flag"]) == set(written["member"]) == {0.0, 1.0}
+    # Each written row's 1/0 is its own word (rows matched through x, distinct per row), and reads back as a bool.
+    raw = inverse_transform(preprocessor, written).set_index("x")
+    original = table.set_index("x")
+    assert raw.index.is_unique and len(raw) == len(original)
+    assert (raw["flag"] == (original.loc[raw.index, "flag"] == "True")).all()
+    assert (raw["member"] == original.loc[raw.index, "member"].str.lower().eq("yes")).all()
+    profile = json.loads(open(result.profile_uri).read())
+    assert profile["boolean"] == ["flag", "member"]
+    assert profile["columns"]["flag"]["mean"] == pytest.approx((table["flag"] == "True").mean())
+    # The other scalers' variants leave the booleans as they are too.
+    minmax = Preprocessor.load(result.preprocessor_variants["minmax"])
+    assert minmax.boolean_columns == ["flag", "member"]
+    assert minmax.transform(table.head(5))["flag"].tolist() == (table.head(5)["flag"] == "True").astype(float).tolist()
+
+
+def test_data_stage_boolean_column_listed_as_categorical_stays_a_category(tmp_path):
+    table = _boolean_table(200).drop(columns=["answer"])
+    table.to_csv(tmp_path / "table.csv", index=False)
+    result = _preprocess_here(tmp_path, str(tmp_path / "table.csv"), categorical_columns=["flag"])
+    preprocessor = Preprocessor.load(result.preprocessor_uri)
+    assert preprocessor.categories == {"flag": ["False", "True"]} and preprocessor.boolean_columns == ["member"]
+
+
+def test_data_stage_parquet_booleans_and_boolean_words_are_boolean(tmp_path):
+    table = _boolean_table(300).drop(columns=["answer"])
+    table["flag"] = table["flag"] == "True"  # a Parquet boolean column
+    table.to_parquet(tmp_path / "table.parquet", index=False)
+    result = _preprocess_here(tmp_path, str(tmp_path / "table.parquet"))
+    preprocessor = Preprocessor.load(result.preprocessor_uri)
+    assert preprocessor.boolean_columns == ["flag", "member"]
+    written = pd.read_parquet(result.split_uris["train"])
+    assert written["flag"].sum() > 0 and set(written["member"]) == {0.0, 1.0}
+    assert sum(result.rows.values()) == len(table)
+
+
+def test_data_stage_boolean_column_with_another_value_after_its_first_rows_names_it_and_the_fix(tmp_path):
+    table = _boolean_table(6000).drop(columns=["answer"])  # more rows than the head that decides the type
+    table.loc[5500, "flag"] = "maybe"
+    table.loc[5600, "flag"] = ""  # missing: nan_policy's business, not an error of its own
+    table.to_csv(tmp_path / "table.csv", index=False)
+    with pytest.raises(DataSourceError) as raised:
+        _preprocess_here(tmp_path, str(tmp_path / "table.csv"))
+    message = str(raised.value)
+    assert "column 'flag' holds booleans" in message and "1 other value(s) such as ['maybe']" in message
+    assert "categorical_columns" in message and "table.csv" in message
+    table.loc[5500, "flag"] = "False"
+    table.to_csv(tmp_path / "table.csv", index=False)
+    result = _preprocess_here(tmp_path, str(tmp_path / "table.csv"), nan_policy="drop")
+    assert result.rows_dropped == 1
+
+
+def test_preprocessor_boolean_column_reads_words_json_booleans_and_zero_one_and_nothing_else():
+    from airflow_ray_ml_stages.preprocessor import boolean_numbers
+
+    fitted = Preprocessor.fit("standard", ["x"], Moments.of(np.array([[1.0], [3.0]])), {"colour": ["red"]}, "y",
+                              boolean_columns=["flag"])
+    assert fitted.input_columns == ["x", "flag", "colour"] and fitted.output_columns == ["x", "flag", "colour=red"]
+    values = [True, False, "yes", " NO ", "True", "false", 1, 0.0, np.bool_(True), None, "maybe", 2, "1"]
+    numbers, invalid = boolean_numbers(np.array(values, dtype=object))
+    np.testing.assert_array_equal(numbers[:9], [1, 0, 1, 0, 1, 0, 1, 0, 1])
+    assert np.isnan(numbers[9:]).all() and invalid.tolist() == [False] * 10 + [True] * 3
+    batch = pd.DataFrame({"x": [1.0, 3.0, 2.0], "flag": [True, "no", False], "colour": ["red"] * 3})
+    out = fitted.transform(batch)
+    assert out["flag"].tolist() == [1.0, 0.0, 0.0] and out["x"].tolist() == [-1.0, 1.0, 0.0]
+    loaded = Preprocessor.from_json(fitted.to_json())
+    assert loaded == fitted
+    back = inverse_transform(loaded, out)
+    assert back["flag"].tolist() == [True, False, False] and all(type(v) is bool for v in back["flag"])
+
+
+def test_preprocessor_saved_before_booleans_loads_and_encodes_its_true_false_category_as_before():
+    # A preprocessor file written before boolean columns were told apart: Titanic's `alone` as a category.
+    saved = {"format": "rayml.preprocessor/1", "scaler": "none", "numeric_columns": ["age"],
+             "categories": {"alone": ["False", "True"]}, "statistics": {}, "label_column": "survived",
+             "output_columns": ["age", "alone=False", "alone=True"], "task": "classification", "classes": [0, 1]}
+    loaded = Preprocessor.from_json(json.dumps(saved))
+    assert loaded.boolean_columns == [] and loaded.input_types() == {"age": "number", "alone": "category"}
+    out = loaded.transform(pd.DataFrame({"age": [30.0, 4.0], "alone": ["True", "False"]}))
+    assert out.columns.tolist() == saved["output_columns"] and out["alone=True"].tolist() == [1.0, 0.0]
+    assert json.loads(loaded.to_json()) == saved  # written back unchanged

@@ -1,7 +1,8 @@
 """The Serve endpoint's contract: the OpenAPI it publishes for the loaded model, and answers that keep to it.
 
 The unit tests check the contract on real XGBoost model directories (regression, multiclass with
-integer classes, binary with text classes) without Ray. The integration tests deploy two of them to
+integer classes, binary with text classes, a table with a boolean column) without Ray. The
+integration tests deploy three of them to
 Ray Serve on the session's local cluster and fuzz ``POST /predict`` from the app's own
 ``/openapi.json`` with schemathesis: valid and invalid bodies, no 5xx, only declared statuses, and
 every body valid against its declared schema.
@@ -64,12 +65,48 @@ def write_model_dir(directory: Path, task: str, classes: list | None = None, see
     return str(directory)
 
 
+def write_flag_model_dir(directory: Path, saved_before_booleans: bool = False) -> str:
+    """An XGBoost model directory for a table with a number ``x`` and a True/False column ``flag``
+    (the label is ``x + 4 * flag``): its preprocessor from the data stage, which types ``flag`` as
+    boolean, or as one written before booleans were told apart (``flag`` a category of two strings)."""
+    import xgboost
+
+    from airflow_ray_ml_stages.data.stage import run_preprocess
+    from airflow_ray_ml_stages.specs import PreprocessSpec
+
+    rng = np.random.default_rng(7)
+    raw = pd.DataFrame({"x": rng.normal(size=400).round(6), "flag": rng.random(400) < 0.5})
+    labels = raw["x"] + 4 * raw["flag"]
+    directory.mkdir(parents=True, exist_ok=True)
+    if saved_before_booleans:
+        preprocessor = Preprocessor("standard", ["x"], {"flag": ["False", "True"]},
+                                    {"x": {"mean": float(raw["x"].mean()), "std": float(raw["x"].std(ddof=0))}}, "y")
+        raw["flag"] = raw["flag"].map({True: "True", False: "False"})
+    else:
+        raw.assign(y=labels).to_csv(directory / "table.csv", index=False)  # the flag as True/False words
+        result = run_preprocess(PreprocessSpec(source=[str(directory / "table.csv")], label_column="y",
+                                               artifact_dir=str(directory / "data")))
+        preprocessor = Preprocessor.load(result.preprocessor_uri)
+    features = preprocessor.transform(raw)[preprocessor.output_columns]
+    matrix = xgboost.DMatrix(features.to_numpy(dtype="float32"), label=labels,
+                             feature_names=preprocessor.output_columns)
+    booster = xgboost.train({"objective": "reg:squarederror", "max_depth": 2}, matrix, 30)
+    (directory / "model.ubj").write_bytes(bytes(booster.save_raw("ubj")))
+    (directory / "preprocessor.json").write_text(preprocessor.to_json())
+    ModelCard(family="xgboost", feature_columns=preprocessor.output_columns, label_column="y", config={},
+              metrics={"test": {}}, seed=7, data_fingerprint=None, preprocessor="preprocessor.json",
+              model_version=f"xgboost-flag-{directory.name}", input_types=preprocessor.input_types()).write(str(directory))
+    return str(directory)
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("serve-contract-models")
     return {"regression": write_model_dir(root / "regression", "regression"),
             "multiclass": write_model_dir(root / "multiclass", "classification", [3, 5, 7]),
-            "binary": write_model_dir(root / "binary", "classification", ["stayed", "churned"])}
+            "binary": write_model_dir(root / "binary", "classification", ["stayed", "churned"]),
+            "boolean": write_flag_model_dir(root / "boolean"),
+            "boolean_as_category": write_flag_model_dir(root / "boolean-as-category", saved_before_booleans=True)}
 
 
 def _predict(model: LoadedModel, body) -> tuple[int, dict]:
@@ -184,6 +221,40 @@ def test_answer_row_without_finite_prediction_is_a_422_problem(model_dirs):
     assert {p["type"] for p in problems} == {"non_finite_prediction"}
 
 
+def test_predict_boolean_column_takes_json_booleans_and_its_schema_says_boolean(model_dirs):
+    model = LoadedModel.load(model_dirs["boolean"])
+    row = model.request_schema["properties"]["instances"]["items"]
+    assert row["properties"]["flag"]["type"] == "boolean" and row["properties"]["x"]["type"] == "number"
+    assert model.metadata()["schema"]["boolean"] == ["flag"]
+    assert model.card.input_types == {"x": "number", "flag": "boolean"}
+    status, answer = _predict(model, {"instances": [{"x": 0.0, "flag": True}, {"x": 0.0, "flag": False}]})
+    assert status == 200, answer
+    jsonschema.validate(answer, model.prediction_schema)
+    with_flag, without = answer["predictions"]
+    assert with_flag - without == pytest.approx(4, abs=1)  # the model reads the flag: the label is x + 4 * flag
+
+
+@pytest.mark.parametrize("value", ["True", "true", 1, 0, None, [True]])
+def test_check_body_boolean_column_refuses_what_is_not_a_json_boolean(model_dirs, value):
+    model = LoadedModel.load(model_dirs["boolean"])
+    status, body = _predict(model, {"instances": [{"x": 0.0, "flag": value}]})
+    assert status == 422
+    assert body["detail"] == [{"loc": ["body", "instances", 0, "flag"], "type": "bool_type",
+                               "msg": f"must be true or false (a JSON boolean), got {value!r}"}]
+    jsonschema.validate(body, VALIDATION_ERROR_SCHEMA)
+
+
+def test_predict_true_false_category_of_a_preprocessor_saved_before_booleans_stays_a_string_enum(model_dirs):
+    model = LoadedModel.load(model_dirs["boolean_as_category"])
+    row = model.request_schema["properties"]["instances"]["items"]
+    assert row["properties"]["flag"] == {"type": "string", "enum": ["False", "True"],
+                                         "description": "a category seen in training"}
+    status, answer = _predict(model, {"instances": [{"x": 0.0, "flag": "True"}, {"x": 0.0, "flag": "False"}]})
+    assert status == 200 and answer["predictions"][0] - answer["predictions"][1] == pytest.approx(4, abs=1)
+    status, body = _predict(model, {"instances": [{"x": 0.0, "flag": True}]})
+    assert status == 422 and body["detail"][0]["type"] == "string_type"
+
+
 @pytest.mark.parametrize(("raw", "content_type", "kind"), [
     (b'{"instances": [{"alcohol": NaN}]}', "application/json", "json_invalid"),
     (b'{"instances": [{"alcohol": -Infinity}]}', "application/json", "json_invalid"),
@@ -224,7 +295,8 @@ def test_openapi_document_declares_each_status_and_schema(model_dirs, keyed):
 # -- against a real Serve deployment ----------------------------------------------------------------
 
 APPS = {"regression": ("contract-regression", "/contract-regression", None),
-        "multiclass": ("contract-multiclass", "/contract-multiclass", API_KEY)}
+        "multiclass": ("contract-multiclass", "/contract-multiclass", API_KEY),
+        "boolean": ("contract-boolean", "/contract-boolean", None)}
 
 
 def _base(prefix: str) -> str:
@@ -380,3 +452,22 @@ def test_serve_regression_answer_keeps_its_shape(served):
     assert set(reply.json()) == {"predictions", "model_version"} and len(reply.json()["predictions"]) == 2
     docs = requests.get(f"{base}/docs", timeout=10)
     assert docs.status_code == 200 and "/contract-regression/openapi.json" in docs.text
+
+
+@pytest.mark.integration
+def test_serve_boolean_column_answers_200_for_a_json_boolean_and_is_declared_boolean(served):
+    base, headers = served["boolean"]
+    document, declared = _declared(base, headers)
+    row_schema = document["components"]["schemas"]["PredictRequest"]["properties"]["instances"]["items"]
+    assert row_schema["properties"]["flag"]["type"] == "boolean"
+    reply = requests.post(f"{base}/predict", json={"instances": [{"x": 0.5, "flag": True}, {"x": 0.5, "flag": False}]},
+                          headers=headers, timeout=10)
+    assert reply.status_code == 200, reply.text
+    jsonschema.validate(reply.json(), declared[200])
+    with_flag, without = reply.json()["predictions"]
+    assert with_flag - without == pytest.approx(4, abs=1)
+    refused = requests.post(f"{base}/predict", json={"instances": [{"x": 0.5, "flag": "True"}]}, headers=headers,
+                            timeout=10)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["type"] == "bool_type"
+    jsonschema.validate(refused.json(), declared[422])
+    assert requests.get(f"{base}/metadata", headers=headers, timeout=10).json()["schema"]["boolean"] == ["flag"]
