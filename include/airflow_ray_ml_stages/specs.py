@@ -209,7 +209,9 @@ class PreprocessSpec(StageSpec):
         ``drop_columns``. When given, any other column (except the label and ``drop_columns``) is
         an error, so a changed input schema is noticed.
     :param categorical_columns: feature columns one-hot encoded; None: the feature columns whose
-        values in the first rows of the first file are all non-numeric (the wine ``type``).
+        values in the first rows of the first file are all non-numeric (the wine ``type``), but for
+        boolean ones. A boolean column (its first values all true/false or yes/no, any case, or a
+        Parquet boolean column) is one 0/1 input, not scaled; list it here to one-hot encode it instead.
     :param drop_columns: columns present in the input but not used.
     :param split: fractions ``[train, validation, test]``, each >= 0, summing to 1, train > 0.
     :param seed: the split seed: a row's split is a seeded hash of its content; every seed splits every

@@ -110,6 +110,28 @@ def test_missing_columns_and_unknown_models_are_named(trained, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["thin.csv"]
 
 
+@pytest.mark.integration
+def test_scores_a_file_with_a_boolean_column_as_the_endpoint_scores_json_booleans(airflow_db, ray_conn, tmp_path):
+    from tests.include.test_serve import write_flag_model_dir
+
+    model_dir = write_flag_model_dir(tmp_path / "model")
+    rows = pd.DataFrame({"x": [0.5, 0.5, -1.0, 2.0], "flag": ["True", "False", "yes", "NO"]})
+    rows.to_csv(tmp_path / "new.csv", index=False)
+    dag_run, state = _score(input=str(tmp_path / "new.csv"), model=model_dir)
+    assert state == "success"
+    scored = _read_output(_xcom(dag_run, "score")["output_uri"])
+    served = LoadedModel.load(model_dir).predict_frame(rows.assign(flag=[True, False, True, False]))
+    np.testing.assert_allclose(scored["predicted_y"].to_numpy(), served, rtol=1e-5, atol=1e-5)
+    assert served[0] - served[1] == pytest.approx(4, abs=1)  # the flag counts: the label was x + 4 * flag
+
+    rows.loc[2, "flag"] = "maybe"
+    rows.to_csv(tmp_path / "bad.csv", index=False)
+    dag_run, state = _score(input=str(tmp_path / "bad.csv"), model=model_dir)
+    assert state == "failed"
+    error = _error(dag_run)
+    assert "column 'flag' holds booleans" in error and "maybe" in error and "bad.csv" in error, error
+
+
 def test_default_output_never_names_an_existing_path(tmp_path):
     base = tmp_path / "wines.csv"
     first = default_output(str(base), "v1")
