@@ -343,6 +343,8 @@ def runs(ray_cluster, frame, tmp_path_factory):
     """Run every stage call of this module in one driver connected to the test cluster."""
     folder = tmp_path_factory.mktemp("data_stage")
     inputs = _write_inputs(folder, frame)
+    frame.assign(strong=np.where(frame["alcohol"] > 10.5, "True", "False"),
+                 sweet=np.where(frame["residual sugar"] > 5, "yes", "NO")).to_csv(folder / "booleans.csv", index=False)
     common = {"seed": SEED, "split": FRACTIONS, "label_range": [0, 10]}
     specs = {
         "uci": {"source": inputs["uci"], **common},
@@ -355,6 +357,8 @@ def runs(ray_cluster, frame, tmp_path_factory):
         "parquet": {"source": inputs["parquet"], **common},
         "nan_dropped": {"source": inputs["nan.csv"], "nan_policy": "drop", "seed": SEED},
         "minmax": {"source": inputs["csv"], "scaler": "minmax", "seed": SEED},
+        "booleans_direct": {"source": [str(folder / "booleans.csv")], **common},
+        "booleans_ray_data": {"source": [str(folder / "booleans.csv")], "engine": "ray_data", **common},
     }
     for name, (file, fields, _, _) in VALIDATION_CASES.items():
         specs[f"invalid_{name}"] = {"source": inputs[file], "seed": SEED, **fields}
@@ -412,6 +416,18 @@ def test_data_stage_direct_and_ray_data_engines_write_the_same_splits_and_statis
             assert fitted[1].statistics[column] == pytest.approx(stats, rel=1e-12)
         for name in ("train", "validation", "test"):
             pd.testing.assert_frame_equal(_split(direct, name), _split(ray_data, name))
+
+
+@pytest.mark.integration
+def test_data_stage_ray_data_engine_writes_boolean_columns_as_the_direct_one_does(runs):
+    direct, ray_data = _result(runs, "booleans_direct"), _result(runs, "booleans_ray_data")
+    assert json.load(open(ray_data["profile_uri"]))["engine"]["name"] == "ray_data"
+    for result in (direct, ray_data):
+        assert Preprocessor.load(result["preprocessor_uri"]).boolean_columns == ["strong", "sweet"]
+    for name in ("train", "validation", "test"):
+        written = _split(ray_data, name)
+        pd.testing.assert_frame_equal(_split(direct, name), written)
+        assert set(written["strong"]) == set(written["sweet"]) == {0.0, 1.0}
 
 
 @pytest.mark.integration
