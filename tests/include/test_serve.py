@@ -2,10 +2,9 @@
 
 The unit tests check the contract on real XGBoost model directories (regression, multiclass with
 integer classes, binary with text classes, a table with a boolean column) without Ray. The
-integration tests deploy three of them to
-Ray Serve on the session's local cluster and fuzz ``POST /predict`` from the app's own
-``/openapi.json`` with schemathesis: valid and invalid bodies, no 5xx, only declared statuses, and
-every body valid against its declared schema.
+integration tests deploy three of them to Ray Serve on the session's local cluster and fuzz
+``POST /predict`` from the app's own ``/openapi.json`` with schemathesis: valid and invalid bodies,
+no 5xx, only declared statuses, and every body valid against its declared schema.
 """
 
 from __future__ import annotations
