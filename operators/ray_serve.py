@@ -522,7 +522,11 @@ class RayServeDeployOperator(ServeApplicationOperator):
                       and len(probabilities) == count
                       and all(len(row) == len(classes) and abs(sum(row) - 1) < 1e-3 for row in probabilities))
         if not usable:
-            raise ServeModelRejectedError(f"smoke test got unusable predictions: {answer!r:.500}")
+            wanted = ("a finite number each" if classes is None
+                      else f"one of {classes!r:.200} each, with probabilities that sum to 1")
+            got = len(predictions) if isinstance(predictions, list) else 0
+            raise ServeModelRejectedError(f"smoke test got unusable predictions: {got} answers for {count} rows, "
+                                          f"wanted {wanted}")
 
     def _champion_metric(self, challenger: dict[str, Any], metric: str, rows, labels,
                          schema: ModelSchema) -> tuple[float | None, str | None, list[str]]:
