@@ -27,6 +27,7 @@ from airflow.sdk import DAG, Asset, Param, task
 
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_score import RayBatchScoreOperator
+from airflow_ray_ml_stages.wine import DEMO_APP
 
 # The same name as the pipeline's deploy outlet (dags/wine_quality_pipeline.py): Airflow matches
 # assets by name, so this DAG runs after every promotion.
@@ -47,7 +48,7 @@ with DAG(
         "new_rows": Param(1000, type="integer", minimum=1, maximum=10_000_000,
                           description="Rows of generated new wines when no input is given"),
         "new_seed": Param(2026, type="integer", minimum=0, description="Seed of the generated new wines"),
-        "serve_app": Param("wine-quality", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        "serve_app": Param(DEMO_APP, type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
                            description="On a run not started by a promotion: the Serve application whose "
                                        "model scores"),
     },

@@ -22,7 +22,9 @@ follows and records. A retried task re-attaches to its running job (or reuses it
 * ``deploy`` promotes the model to the Ray Serve endpoint only if it beats the model being served
   on the same test split; otherwise the task is skipped ("kept champion"). A failed deploy or
   smoke test restores the previous version. A promotion updates the ``wine_quality_model`` Asset,
-  which schedules ``wine_batch_scoring``.
+  which schedules ``wine_batch_scoring``. Deploy Params left empty serve under the label's name
+  (the demo's ``wine-quality`` at ``/wine``); a served model that cannot score this run's rows (a
+  changed schema) is replaced or kept as ``on_schema_change`` says.
 
 Results travel between tasks as XComArgs (``data=preprocess.output``, ``model=train.output``,
 ``config=tune.output["best_config"]``); Params arrive as templates, which the operators coerce to
@@ -44,6 +46,7 @@ from airflow_ray_ml.gpu_probe import GPUProbeOperator
 from airflow_ray_ml.ray_data import RayDataPreprocessOperator
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_serve import RayServeDeployOperator
+from airflow_ray_ml.serve_schema import DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
 from airflow_ray_ml_stages.constants import SCALERS, TASKS
@@ -57,7 +60,7 @@ from airflow_ray_ml_stages.specs import (
     TuneSpec,
 )
 from airflow_ray_ml_stages.train.config import FAMILIES
-from airflow_ray_ml_stages.wine import LABEL, QUALITY_RANGE
+from airflow_ray_ml_stages.wine import LABEL, QUALITY_RANGE, serve_endpoint
 
 DEMO_ROWS = 6497  # the size of the published data set
 DEMO_SEED = 7
@@ -101,6 +104,18 @@ def label_range(params: dict) -> list[float] | None:
     low = -NO_BOUND if low is None else low
     high = NO_BOUND if high is None else high
     return [min(low, high), max(low, high)]
+
+
+def deploy_endpoint(params: dict) -> dict:
+    """``{"app", "route"}`` for the deploy task: the Deploy Params where given; left empty, the
+    application is named after the label, as under ``make run LABEL=`` (``serve_endpoint``), so a
+    run on another table from the form never deploys over the wine model. A route left empty is
+    ``/<app>`` (the operator's rule)."""
+    app, route = params.get("serve_app"), params.get("serve_route")
+    if not app:
+        app, derived_route = serve_endpoint(params.get("label_column"))
+        route = route or derived_route
+    return {"app": app, "route": route or ""}
 
 
 with DAG(
@@ -172,14 +187,22 @@ with DAG(
         "placement_strategy": Param(TrainSpec.placement_strategy, type="string", enum=list(PLACEMENT_STRATEGIES),
                                     title="Worker placement", section="Training",
                                     description="How training workers are placed on the cluster's nodes"),
-        "serve_app": Param("wine-quality", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        # empty (null from the form, "" from a cleared field): named after the label (deploy_endpoint)
+        "serve_app": Param(None, type=["null", "string"], pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,62})?$",
                            title="Serve application", section="Deploy",
                            description="The Ray Serve application the model is promoted to (one per model): "
-                                       "letters, digits, '.', '_', '-'"),
-        "serve_route": Param("/wine", type="string", pattern=r"^/([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?$",
+                                       "letters, digits, '.', '_', '-'. Empty: named after the label column "
+                                       "(wine-quality for the demo's quality, rent for rent)"),
+        "serve_route": Param(None, type=["null", "string"], pattern=r"^(/([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?)?$",
                              title="Endpoint route", section="Deploy",
                              description="The endpoint's path, starting with '/': predictions at "
-                                         "<serve URL><route>/predict"),
+                                         "<serve URL><route>/predict. Empty: '/' and the application's name "
+                                         "(/wine for wine-quality)"),
+        "on_schema_change": Param(DEFAULT_ON_SCHEMA_CHANGE, type="string", enum=list(SCHEMA_CHANGE_POLICIES),
+                                  title="On a schema change", section="Deploy",
+                                  description="When the served model cannot score this run's test rows (columns "
+                                              "missing or new, another label, other classes or task): promote "
+                                              "this model, or refuse it and keep the served one"),
         "min_improvement": Param(0.0, type="number", minimum=0, title="Minimum improvement", section="Deploy",
                                  description="How much better the test metric (RMSE, or log loss for "
                                              "classification) must be to replace the served model"),
@@ -194,7 +217,7 @@ with DAG(
         "demo_seed": Param(DEMO_SEED, type="integer", minimum=0, title="Demo seed", section="Demo data",
                            description="Seed of the demo data"),
     },
-    user_defined_macros={"label_range": label_range},
+    user_defined_macros={"label_range": label_range, "deploy_endpoint": deploy_endpoint},
     tags=["ray", "ml", "example"],
     doc_md=__doc__,
 ) as dag:
@@ -285,8 +308,9 @@ with DAG(
         data=preprocess.output,  # the test split and the preprocessor that wrote it
         compute=probe.output,
         min_improvement="{{ params.min_improvement }}",
-        app_name="{{ params.serve_app }}",
-        route_prefix="{{ params.serve_route }}",
+        on_schema_change="{{ params.on_schema_change }}",
+        app_name="{{ deploy_endpoint(params)['app'] }}",  # the DAG's macro, from serve_app and the label
+        route_prefix="{{ deploy_endpoint(params)['route'] }}",
         outlets=[WINE_MODEL],
         doc_md="Promote the model to Ray Serve if it beats the served one; roll back on failure.",
     )

@@ -11,6 +11,10 @@ A deploy changes only its own application: the other applications and the Serve 
 settings (proxy location, HTTP options, target capacity, ...) are sent back as they are live, unless
 ``serve_instance_options`` asks otherwise. The application records the DAG that deployed it, and a
 deploy from another DAG is refused unless ``allow_takeover=True``.
+
+A champion that cannot score the challenger's rows (other columns, label, classes or task:
+``airflow_ray_ml.serve_schema``) is not compared: ``on_schema_change`` decides, and the decision
+says what changed.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from airflow_ray_ml.errors import (
 )
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
+from airflow_ray_ml.serve_schema import (
+    DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES, ModelSchema, answer_problems, schema_change_reason,
+    schema_changes,
+)
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import task_of
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, TASK_METRICS, direction, task_metrics
@@ -339,6 +347,10 @@ class RayServeDeployOperator(ServeApplicationOperator):
         ``macro_f1`` (classification). None: ``rmse`` for regression, ``log_loss`` for classification.
     :param min_improvement: how much better (absolute) the challenger must be. (templated)
     :param force: promote whatever the metrics say. (templated)
+    :param on_schema_change: what a schema change does, when the served model cannot score this
+        model's test rows (columns missing or new, other categories, another label, other classes or
+        another task): ``promote`` serves this model, ``refuse`` keeps the served one (the task is
+        skipped); either way the decision's reason is ``schema changed: champion needs …``. (templated)
     :param api_key_conn_id: a connection whose password is the endpoint's API key; none: no key.
     :param autoscaling_config: Serve autoscaling for the deployment.
     :param replica_cpus: CPUs each replica reserves (fractional keeps training room).
@@ -356,8 +368,8 @@ class RayServeDeployOperator(ServeApplicationOperator):
     """
 
     template_fields: Sequence[str] = (
-        "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "force", "allow_takeover",
-        "serve_instance_options",
+        "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "force", "on_schema_change",
+        "allow_takeover", "serve_instance_options",
     )
     template_fields_renderers = {"model": "json", "data": "json", "compute": "json", "serve_instance_options": "json"}
     operator_extra_links = (RayServeEndpointLink(), RayServeDashboardLink())
@@ -374,6 +386,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         metric: str | None = None,
         min_improvement: float = 0.0,
         force: bool = False,
+        on_schema_change: str = DEFAULT_ON_SCHEMA_CHANGE,
         api_key_conn_id: str | None = None,
         autoscaling_config: dict[str, Any] | None = None,
         replica_cpus: float = 0.25,
@@ -394,6 +407,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         self.metric = metric
         self.min_improvement = min_improvement
         self.force = force
+        self.on_schema_change = on_schema_change
         self.autoscaling_config = autoscaling_config or {
             "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8,
             "upscale_delay_s": 3, "downscale_delay_s": 120,
@@ -405,13 +419,22 @@ class RayServeDeployOperator(ServeApplicationOperator):
 
     # -- HTTP to the endpoint -------------------------------------------------------------------
 
+    def _post_predict(self, instances: list[dict[str, Any]]) -> requests.Response:
+        return requests.post(f"{self.endpoint}/predict", json={"instances": instances},
+                             headers=self._headers(), timeout=30)
+
+    def _answer_error(self, response: requests.Response) -> ServeDeployError:
+        """A ``/predict`` answer other than 200 as the error to raise: its status and the problems it names."""
+        # 503/504: no replica free yet, which may pass; any other answer is the model's
+        error = ServeDeployError if response.status_code in (503, 504) else ServeModelRejectedError
+        problems = answer_problems(response)
+        return error(f"POST {self.endpoint}/predict answered HTTP {response.status_code}"
+                     + (f": {problems}" if problems else ""))
+
     def _predict(self, instances: list[dict[str, Any]]) -> dict[str, Any]:
-        response = requests.post(f"{self.endpoint}/predict", json={"instances": instances},
-                                 headers=self._headers(), timeout=30)
+        response = self._post_predict(instances)
         if response.status_code != 200:
-            # 503/504: no replica free yet, which may pass; any other answer is the model's
-            error = ServeDeployError if response.status_code in (503, 504) else ServeModelRejectedError
-            raise error(f"POST {self.endpoint}/predict answered HTTP {response.status_code}: {response.text[:300]}")
+            raise self._answer_error(response)
         return response.json()
 
     # -- the config ------------------------------------------------------------------------------
@@ -466,8 +489,9 @@ class RayServeDeployOperator(ServeApplicationOperator):
 
     # -- waiting and checking -------------------------------------------------------------------
 
-    def _test_rows(self) -> tuple[list[dict[str, Any]], list[float]]:
-        """Raw rows (and labels: values, or class indexes) of the test split, decoded with the preprocessor that wrote it."""
+    def _test_rows(self) -> tuple[list[dict[str, Any]], list[float], ModelSchema]:
+        """Raw rows (and labels: values, or class indexes) of the test split, decoded with the preprocessor
+        that wrote it, and that preprocessor's schema (what the rows hold, the label and its classes)."""
         from airflow_ray_ml_stages.preprocessor import Preprocessor, raw_split_rows
 
         data = self.data if isinstance(self.data, dict) else {}
@@ -479,7 +503,8 @@ class RayServeDeployOperator(ServeApplicationOperator):
             )
         preprocessor = Preprocessor.load(data["preprocessor_uri"])
         rows, labels = raw_split_rows(test_split, preprocessor)
-        return rows, [float(label) if preprocessor.classes is None else int(label) for label in labels]
+        labels = [float(label) if preprocessor.classes is None else int(label) for label in labels]
+        return rows, labels, ModelSchema.from_preprocessor(preprocessor)
 
     def _smoke_test(self, version: str, rows: list[dict[str, Any]], classes: list[Any] | None) -> None:
         answer = self._predict(rows[: self.smoke_rows])
@@ -497,36 +522,49 @@ class RayServeDeployOperator(ServeApplicationOperator):
                       and len(probabilities) == count
                       and all(len(row) == len(classes) and abs(sum(row) - 1) < 1e-3 for row in probabilities))
         if not usable:
-            raise ServeModelRejectedError(f"smoke test got unusable predictions: {answer!r:.500}")
+            wanted = ("a finite number each" if classes is None
+                      else f"one of {classes!r:.200} each, with probabilities that sum to 1")
+            got = len(predictions) if isinstance(predictions, list) else 0
+            raise ServeModelRejectedError(f"smoke test got unusable predictions: {got} answers for {count} rows, "
+                                          f"wanted {wanted}")
 
-    def _champion_metric(self, challenger: dict[str, Any], metric: str, rows,
-                         labels) -> tuple[float | None, str | None, str | None]:
-        """The served model's test metric on the challenger's test split, its version, and its task.
+    def _champion_metric(self, challenger: dict[str, Any], metric: str, rows, labels,
+                         schema: ModelSchema) -> tuple[float | None, str | None, list[str]]:
+        """The served model's test metric on the challenger's test split, its version, and the schema
+        changes that keep it from scoring those rows (then no metric).
 
-        A champion of another task than the challenger's has no comparable metric (None).
+        The champion's ``/metadata`` (card and input schema) is compared with ``schema`` (the
+        challenger's rows and labels) before any row is sent; a 422 that the comparison did not
+        foresee counts as a schema change too, named by the fields it lists.
         """
         health = self._get("/health")
         if health is None or health.status_code != 200:
-            return None, None, None
+            return None, None, []
         metadata = self._get("/metadata").json()
         version, task = metadata.get("model_version"), metadata.get("task") or "regression"
+        changes = schema_changes(ModelSchema.from_metadata(metadata), schema)
+        if changes:
+            return None, version, changes
         classes = challenger.get("classes")
-        if task != task_of(classes):
-            return None, version, task
         card_metric = ((metadata.get("metrics") or {}).get("test") or {}).get(metric)
         if metadata.get("data_fingerprint") == challenger.get("data_fingerprint") and card_metric is not None:
-            return float(card_metric), version, task
+            return float(card_metric), version, []
         # Evaluated on other data: score the live champion on this test split, over HTTP.
-        answers = [self._predict(rows[start:start + 512]) for start in range(0, len(rows), 512)]
+        answers = []
+        for start in range(0, len(rows), 512):
+            response = self._post_predict(rows[start:start + 512])
+            if response.status_code == 422:
+                return None, version, [f"what its answer to the challenger's rows names: {answer_problems(response)}"]
+            if response.status_code != 200:
+                raise self._answer_error(response)
+            answers.append(response.json())
         if classes is None:
             predictions = [value for answer in answers for value in answer["predictions"]]
-            return task_metrics(task, labels, predictions)[metric], version, task
-        # The champion's probabilities, per class of the challenger's (a class it does not know: 0).
-        columns = [answer["classes"].index(value) if value in answer["classes"] else None
-                   for answer in answers[:1] for value in classes]
-        probabilities = [[row[column] if column is not None else 0.0 for column in columns]
-                         for answer in answers for row in answer["probabilities"]]
-        return task_metrics(task, labels, probabilities)[metric], version, task
+            return task_metrics(task, labels, predictions)[metric], version, []
+        # The champion's probabilities, in the order of the challenger's classes (the same set).
+        columns = [answers[0]["classes"].index(value) for value in classes]
+        probabilities = [[row[column] for column in columns] for answer in answers for row in answer["probabilities"]]
+        return task_metrics(task, labels, probabilities)[metric], version, []
 
     def task_metric(self, model: dict[str, Any]) -> str:
         """The metric the gate compares: the operator's, or the model's task's default; checked against the task."""
@@ -565,6 +603,10 @@ class RayServeDeployOperator(ServeApplicationOperator):
         self.compute = coerce_value(self.compute, dict[str, Any] | None, f"{self.task_id}.compute")
         self.min_improvement = operator_setting(self.min_improvement, float, f"{self.task_id}.min_improvement")
         self.force = operator_setting(self.force, bool, f"{self.task_id}.force")
+        self.on_schema_change = operator_setting(self.on_schema_change, str, f"{self.task_id}.on_schema_change")
+        if self.on_schema_change not in SCHEMA_CHANGE_POLICIES:
+            raise InvalidSpecError(f"{self.task_id}.on_schema_change must be one of {list(SCHEMA_CHANGE_POLICIES)}, "
+                                   f"got {self.on_schema_change!r}")
         self.allow_takeover = operator_setting(self.allow_takeover, bool, f"{self.task_id}.allow_takeover")
         self.serve_instance_options = coerce_value(self.serve_instance_options, dict[str, Any] | None,
                                                    f"{self.task_id}.serve_instance_options")
@@ -590,14 +632,15 @@ class RayServeDeployOperator(ServeApplicationOperator):
         dag_id = context["ti"].dag_id
         state = self._serve_state()
         self._check_ownership(state, dag_id)  # before anything is scored or written
-        rows, labels = self._test_rows()
+        rows, labels, schema = self._test_rows()
         record = {"dashboard_url": self.hook.dashboard_url, "endpoint": self.endpoint, "app": self.app_name}
         context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
 
-        champion, champion_version, champion_task = self._champion_metric(model, metric, rows, labels)
+        champion, champion_version, changes = self._champion_metric(model, metric, rows, labels, schema)
         promote, why = gate(challenger, champion, metric, self.min_improvement, self.force)
-        if champion is None and champion_version is not None and not self.force:
-            why = f"the served model {champion_version} is a {champion_task} model: this model's task replaces it"
+        if changes:  # nothing to compare: the setting decides (force still promotes)
+            promote = self.force or self.on_schema_change == "promote"
+            why = schema_change_reason(changes) + (" (force=True)" if self.force else "")
         summary = {"challenger_version": model["model_version"], "champion_version": champion_version,
                    "metric": metric, "challenger": challenger, "champion": champion, "reason": why}
         if not promote:

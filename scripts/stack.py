@@ -15,7 +15,6 @@ import argparse
 import csv
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -412,9 +411,10 @@ def source_param(text: str) -> list[str]:
 def run_conf(conf: dict, source: str = "", label: str = "", app: str = "", task: str = "") -> dict:
     """The run conf `make run` sends: CONF, with SOURCE, LABEL, TASK and APP as the DAG's Params.
 
-    A label other than the demo's names the Serve application and route too (``LABEL=rent``
-    serves at ``/rent``), unless APP or the conf says otherwise, so a model of another table never
-    replaces the wine model or answers at ``/wine``.
+    APP names the Serve application and route (``APP=flats`` serves at ``/flats``) unless the conf
+    does; without either, the DAG names them after the label (``LABEL=rent`` serves at ``/rent``,
+    :func:`airflow_ray_ml_stages.wine.serve_endpoint`), so a model of another table never replaces
+    the wine model or answers at ``/wine``.
     """
     conf = dict(conf)
     if source.strip():
@@ -423,19 +423,10 @@ def run_conf(conf: dict, source: str = "", label: str = "", app: str = "", task:
         conf["label_column"] = label.strip()
     if task.strip():
         conf["task"] = task.strip()
-    app = app.strip() or _app_name_for(conf.get("label_column"))
-    if app:
-        conf.setdefault("serve_app", app)
-        conf.setdefault("serve_route", f"/{app}")
+    if app.strip():
+        conf.setdefault("serve_app", app.strip())
+        conf.setdefault("serve_route", f"/{app.strip()}")
     return conf
-
-
-def _app_name_for(label: str | None) -> str:
-    from airflow_ray_ml_stages import wine
-
-    if not label or label == wine.LABEL:
-        return ""
-    return re.sub(r"[^a-z0-9._-]+", "-", label.lower()).strip("-._")[:63] or "model"
 
 
 def file_columns(path: str) -> list[str] | None:

@@ -10,6 +10,8 @@ others, so a model can learn it about as well as it can learn the real grades.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 FEATURES = (
@@ -30,6 +32,24 @@ TYPE_COLUMN = "type"
 UCI_COLUMNS = (*FEATURES, LABEL)
 RED_SHARE = 1599 / 6497  # the published red:white proportion
 QUALITY_RANGE = (0, 10)
+# Where the demo's model is served: Serve application and route.
+DEMO_APP = "wine-quality"
+DEMO_ROUTE = "/wine"
+
+
+def serve_endpoint(label: str | None) -> tuple[str, str]:
+    """The Serve application and route for a model of ``label`` when none is named.
+
+    The demo's label keeps the demo's ``wine-quality`` at ``/wine``; any other is named after the
+    label (lower case, each run of other characters than letters, digits, ``.``, ``_``, ``-`` one
+    ``-``, cut to 63): ``"Monthly Rent"`` serves ``monthly-rent`` at ``/monthly-rent``, so a model of
+    another table never replaces the wine model. ``make run LABEL=`` and the wine DAG's Deploy
+    Params both name the application with it.
+    """
+    if not label or label == LABEL:
+        return DEMO_APP, DEMO_ROUTE
+    app = re.sub(r"[^a-z0-9._-]+", "-", label.lower()).strip("-._")[:63] or "model"
+    return app, f"/{app}"
 
 
 def _lognormal(rng: np.random.Generator, z: np.ndarray, mean: float, std: float) -> np.ndarray:

@@ -29,6 +29,17 @@ with DAG(dag_id="serve_models", schedule=None, start_date=START, catchup=False,
     for name, config in MODELS.items():
         RayTrainOperator(task_id=f"train_{name}", config=config, poll_interval_s=0.3, data=preprocess.output)
 
+# A schema change: a champion trained with every column, a challenger whose table lacks alcohol.
+with DAG(dag_id="serve_schema_models", schedule=None, start_date=START, catchup=False,
+         render_template_as_native_obj=True):
+    data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 1500, "seed": 13},
+                          poll_interval_s=0.3)
+    for name, dropped in (("full", []), ("lacking", ["alcohol"])):
+        preprocess = RayDataPreprocessOperator(task_id=f"preprocess_{name}", source=data.output["data_uris"],
+                                               label_column="quality", label_range=[0, 10], seed=3,
+                                               drop_columns=dropped, poll_interval_s=0.3)
+        RayTrainOperator(task_id=f"train_{name}", config=MODELS["good"], poll_interval_s=0.3, data=preprocess.output)
+
 
 def _deploy_dag(dag_id: str, **kwargs) -> DAG:
     with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False,
@@ -62,3 +73,6 @@ serve_instance = _deploy_dag("serve_instance", app_name="wine-instance", route_p
                              serve_instance_options="{{ dag_run.conf.get('serve_instance_options') }}")
 # Rolled back and pinned from the "Ray ML" page, through the ray_serve_rollback DAG.
 serve_deploy_rollback = _deploy_dag("serve_deploy_rollback", app_name="wine-rollback", route_prefix="/rollback")
+# The gate across a schema change, with the setting from the run conf.
+serve_schema = _deploy_dag("serve_schema", app_name="wine-schema", route_prefix="/schema",
+                           on_schema_change="{{ dag_run.conf['on_schema_change'] }}")

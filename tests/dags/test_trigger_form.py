@@ -193,6 +193,17 @@ def test_trigger_form_without_a_family_cannot_be_sent(form, api_server):
     assert _runs(api_server) == []
 
 
+def test_trigger_form_another_label_with_the_deploy_fields_as_they_start_serves_under_its_name(form, api_server,
+                                                                                              dag, tmp_path):
+    form.locator("#element_label_column").fill("Monthly Rent")
+    _trigger_button(form).click()
+
+    conf = _the_run(api_server)["conf"]
+    assert conf["label_column"] == "Monthly Rent" and not conf["serve_app"] and not conf["serve_route"]
+    built = build_tasks(dag, conf, str(tmp_path))
+    assert (built["deploy"]["app_name"], built["deploy"]["route_prefix"]) == ("monthly-rent", "/monthly-rent")
+
+
 def test_trigger_form_bad_route_is_refused_with_a_message_and_no_run(form, api_server):
     _open_section(form, "Deploy")
     form.locator("#element_serve_route").fill("wine")

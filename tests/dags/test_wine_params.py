@@ -115,6 +115,8 @@ def test_params_empty_search_space_means_the_one_built_from_the_form(build):
     ({"drop_columns": "name"}, "drop_columns"),  # a list, one column per line in the form
     ({"max_categories": 0}, "max_categories"),
     ({"serve_route": "wine"}, "serve_route"),
+    ({"serve_app": "-wine"}, "serve_app"),
+    ({"on_schema_change": "ignore"}, "on_schema_change"),
     ({"time_budget_s": 5}, "time_budget_s"),
     ({"search_space": {"family": "catboost"}}, "search_space"),
     # a space's values, not only its shape: each would fail the search_space task
@@ -133,3 +135,26 @@ def test_params_each_has_a_title_and_help(dag):
     for name, param in dag.params.items():
         assert param.schema.get("title") and (param.description or param.schema.get("description_md")), name
 
+
+
+def _form_conf(dag, **changed) -> dict:
+    """What the trigger form sends: every Param at its default, unless changed."""
+    return {**{name: param.value for name, param in dag.params.items()}, **changed}
+
+
+@pytest.mark.parametrize(("changed", "app", "route"), [
+    ({}, "wine-quality", "/wine"),  # the demo keeps its application
+    ({"label_column": "Monthly Rent", "source": ["/data/rent.csv"]}, "monthly-rent", "/monthly-rent"),
+    ({"label_column": "rent", "serve_app": "", "serve_route": ""}, "rent", "/rent"),  # fields cleared in the form
+    ({"label_column": "rent", "serve_route": "/flats"}, "rent", "/flats"),
+    ({"label_column": "rent", "serve_app": "flats"}, "flats", "/flats"),  # a route left out follows the app
+    ({"serve_app": "wine-two"}, "wine-two", "/wine-two"),
+])
+def test_params_deploy_fields_left_empty_serve_under_the_label_name(dag, build, changed, app, route):
+    built = build(**_form_conf(dag, **changed))
+    assert (built["deploy"]["app_name"], built["deploy"]["route_prefix"]) == (app, route)
+
+
+def test_params_schema_change_setting_reaches_the_deploy(dag, build):
+    assert build()["deploy"]["on_schema_change"] == "promote"
+    assert build(on_schema_change="refuse")["deploy"]["on_schema_change"] == "refuse"

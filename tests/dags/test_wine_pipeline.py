@@ -11,10 +11,13 @@ import pandas as pd
 import pytest
 import requests
 
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.ray_serve import app_model_version
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import ROOT, extra_cluster, load_dag
 from tests.operators.test_ray_job import _xcom
+from tests.scripts.test_stack import write_rent_table
 
 pytestmark = pytest.mark.integration
 
@@ -160,3 +163,28 @@ def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray
         deployed = _xcom(dag_run, "deploy")
         answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [ROW]}, timeout=30)
         assert answer.status_code == 200
+
+
+def test_wine_form_run_on_another_label_with_default_deploy_fields_serves_under_the_label_name(
+        airflow_db, ray_conn, tmp_path):
+    table = pd.read_csv(write_rent_table(tmp_path / "rent.csv", rows=800))
+    source = tmp_path / "flats.csv"
+    table.rename(columns={"rent": "Monthly Rent"}).to_csv(source, index=False)
+    dag = load_dag("wine_quality_pipeline", ROOT / "dags")
+    # as the trigger form sends it: every Param, the Deploy fields as they start (one typed in and cleared)
+    conf = {**{name: param.value for name, param in dag.params.items()}, "source": [str(source)],
+            "label_column": "Monthly Rent", "families": ["xgboost"], "num_trials": 1, "num_boost_round": 40,
+            "serve_app": ""}
+    assert conf["serve_route"] is None and conf["on_schema_change"] == "promote"
+    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 9, tzinfo=timezone.utc), **conf)
+    assert dag_run.state == "success", _states(dag_run)
+
+    deployed = _xcom(dag_run, "deploy")
+    assert deployed["action"] == "promoted" and deployed["endpoint"] == f"{_serve_url()}/monthly-rent"
+    applications = RayHook().get_serve_applications()["applications"]
+    assert applications["monthly-rent"]["deployed_app_config"]["route_prefix"] == "/monthly-rent"
+    wine = (applications.get("wine-quality") or {}).get("deployed_app_config")
+    assert app_model_version(wine) != deployed["model_version"]  # the wine application is not touched
+    row = {"sqm": 70.0, "rooms": 3, "year_built": 1990, "district": "centre"}
+    answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [row]}, timeout=10)
+    assert answer.status_code == 200 and answer.json()["model_version"] == deployed["model_version"]

@@ -94,7 +94,7 @@ def build_tasks(dag, conf: dict[str, Any], artifact_root: str) -> dict[str, Any]
             task.check_endpoint_names()
             task.coerce_settings()
             built[task_id] = {"app_name": task.app_name, "route_prefix": task.route_prefix,
-                              "min_improvement": task.min_improvement}
+                              "min_improvement": task.min_improvement, "on_schema_change": task.on_schema_change}
         else:
             raise AssertionError(f"{task_id}: a task this check does not know how to build ({type(task).__name__})")
     return built

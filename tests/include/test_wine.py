@@ -68,3 +68,15 @@ def test_to_uci_csv_is_semicolon_with_quoted_header(frame):
     header, first = text.splitlines()[:2]
     assert header.startswith('"fixed acidity";"volatile acidity"') and header.endswith('"quality"')
     assert len(first.split(";")) == 12 and "type" not in header
+
+
+@pytest.mark.parametrize(("label", "endpoint"), [
+    (None, ("wine-quality", "/wine")),
+    ("quality", ("wine-quality", "/wine")),
+    ("Monthly Rent", ("monthly-rent", "/monthly-rent")),
+    ("__prix (€)", ("prix", "/prix")),
+    ("€€", ("model", "/model")),
+    ("x" * 80, ("x" * 63, "/" + "x" * 63)),
+])
+def test_serve_endpoint_demo_label_keeps_the_demo_app_others_name_their_own(label, endpoint):
+    assert wine.serve_endpoint(label) == endpoint

@@ -35,13 +35,14 @@ def write_rent_table(path, rows: int = 1500, seed: int = 5) -> str:
     return str(path)
 
 
-def test_run_conf_names_the_app_after_a_label_that_is_not_wine(tmp_path):
+def test_run_conf_leaves_the_app_to_the_dag_unless_app_is_given(tmp_path):
     source = write_rent_table(tmp_path / "rent.csv", rows=20)
     conf = stack.run_conf({"num_trials": 2}, source=source, label="Monthly Rent")
-    assert conf == {"num_trials": 2, "source": [source], "label_column": "Monthly Rent",
-                    "serve_app": "monthly-rent", "serve_route": "/monthly-rent"}
-    assert stack.run_conf({}, source=source, label="rent", app="flats")["serve_route"] == "/flats"
-    assert "serve_app" not in stack.run_conf({}, label="quality")  # the demo's label keeps the demo's app
+    # the DAG names the application after the label (tests/dags/test_wine_params.py)
+    assert conf == {"num_trials": 2, "source": [source], "label_column": "Monthly Rent"}
+    assert stack.run_conf({}, source=source, label="rent", app="flats") == {
+        "source": [source], "label_column": "rent", "serve_app": "flats", "serve_route": "/flats"}
+    assert stack.run_conf({"serve_app": "mine"}, app="flats")["serve_app"] == "mine"  # the conf wins
 
 
 def test_check_label_refuses_a_label_that_is_not_a_column_before_any_run(tmp_path):
