@@ -1,10 +1,11 @@
 """Processes whose import system cannot see some installed packages, for tests of a path without them.
 
-:func:`hiding_env` writes a ``sitecustomize.py`` that puts a finder first on ``sys.meta_path``; the
-finder refuses the named top-level packages (and everything under them) with ``ModuleNotFoundError``,
-as an environment without them would. Python imports ``sitecustomize`` at start-up from
-``PYTHONPATH``, so every process started with the returned environment, and every process those
-start (a Ray head's raylet, its workers, jobs and their actors), runs without the packages.
+:func:`hiding_env` writes a ``sitecustomize.py`` that wraps every finder on ``sys.meta_path`` so
+that none finds the named top-level packages (or anything under them): importing one raises
+``ModuleNotFoundError`` and ``importlib.util.find_spec`` answers None, as without them. Python
+imports ``sitecustomize`` at start-up from ``PYTHONPATH``, so every process started with the
+returned environment, and every process those start (a Ray head's raylet, its workers, jobs and
+their actors), runs without the packages.
 """
 
 from __future__ import annotations
@@ -16,18 +17,24 @@ SITECUSTOMIZE = '''\
 import sys
 
 
-class HiddenPackages:
-    """Refuses {names!r}: as if they were not installed."""
+class HidingFinder:
+    """Wraps a meta path finder: it finds nothing of {names!r}, as if they were not installed."""
 
     hidden = {names!r}
 
+    def __init__(self, finder):
+        self.finder = finder
+
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in self.hidden:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (hidden by the test)", name=name)
-        return None
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, name):  # invalidate_caches, find_distributions, ...
+        return getattr(self.finder, name)
 
 
-sys.meta_path.insert(0, HiddenPackages())
+sys.meta_path[:] = [HidingFinder(finder) for finder in sys.meta_path]
 '''
 
 
