@@ -70,11 +70,11 @@ def test_hidden_package_cannot_be_imported_while_the_others_can(tmp_path):
 
 @pytest.mark.parametrize("hidden, expected", PACKAGE_CASES)
 def test_in_process_lightning_training_records_the_package_it_used(tmp_path, hidden, expected):
-    """The job's own process (Train's local mode without Ray): trains with either package, and the
-    model card says which one."""
+    """The job's own process (Train's local mode without Ray, early stopping on): trains with either
+    package, and the model card says which one."""
     fields = write_splits(tmp_path / "splits", rows=1200, seed=5)
     spec = {**fields, "artifact_dir": str(tmp_path / "train"),
-            "config": {"family": "lightning", "max_epochs": 2, "patience": 0, "hidden_sizes": [8]}}
+            "config": {"family": "lightning", "max_epochs": 2, "patience": 2, "hidden_sizes": [8]}}
     code = ("import json, sys\n"
             "from airflow_ray_ml_stages.specs import TrainSpec\n"
             "from airflow_ray_ml_stages.train.stage import run_training\n"
