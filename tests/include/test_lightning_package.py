@@ -11,12 +11,15 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import ClusterError, SpecError, TrainingError
 from airflow_ray_ml_stages.model_card import ModelCard
+from airflow_ray_ml_stages.specs import TrainSpec
 from airflow_ray_ml_stages.train.failures import not_retryable
+from airflow_ray_ml_stages.train.stage import run_training
 from tests.conftest import ROOT, extra_cluster, load_dag
 from tests.hidden_packages import hiding_env
 from tests.operators.test_ray_job import _jobs_of, _xcom
@@ -86,6 +89,25 @@ def test_in_process_lightning_training_records_the_package_it_used(tmp_path, hid
     other = {"lightning.pytorch", "pytorch_lightning"} - {expected}
     assert versions[expected] == "2.6.6" and not other & set(versions) and versions["torch"]
     assert "framework_versions" not in result["training"]  # said once, in the card
+
+
+def test_trained_lightning_model_loads_and_predicts_without_either_lightning_package(tmp_path):
+    """Loading and serving need torch only: the model directory holds a state_dict and its config."""
+    fields = write_splits(tmp_path / "splits", rows=600, seed=5)
+    spec = {**fields, "artifact_dir": str(tmp_path / "train"),
+            "config": {"family": "lightning", "max_epochs": 1, "patience": 0, "hidden_sizes": [8]}}
+    model_dir = run_training(TrainSpec.from_dict(spec)).model_dir
+    code = ("import json, sys\n"
+            "import numpy as np, pandas as pd\n"
+            "from airflow_ray_ml_stages.models import load_model\n"
+            "model = load_model(sys.argv[1])\n"
+            "test = pd.read_parquet(sys.argv[2])[model.card.feature_columns].to_numpy(np.float32)\n"
+            "print(json.dumps([model.predict(test).tolist(), sorted(m for m in sys.modules if 'lightning' in m)]))\n")
+    predicted, loaded = json.loads(_python(code, _env(["lightning", "pytorch_lightning"], tmp_path / "hide"),
+                                           model_dir, fields["test_uri"]))
+    with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
+        np.testing.assert_allclose(predicted, saved["y_pred"], rtol=1e-5, atol=1e-5)
+    assert loaded == []
 
 
 # -- errors a retry cannot fix -------------------------------------------------------------------
