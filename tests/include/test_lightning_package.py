@@ -67,7 +67,8 @@ def test_hidden_package_cannot_be_imported_while_the_others_can(tmp_path):
             "        return False\n"
             "    return True\n"
             "found = importlib.util.find_spec('lightning') is not None\n"
-            "print(json.dumps([found, *(imports(n) for n in ('lightning', 'lightning.pytorch', 'pytorch_lightning', 'torch'))]))\n")
+            "names = ('lightning', 'lightning.pytorch', 'pytorch_lightning', 'torch')\n"
+            "print(json.dumps([found, *(imports(name) for name in names)]))\n")
     assert json.loads(_python(code, _env(["lightning"], tmp_path / "hide"))) == [False, False, False, True, True]
 
 
@@ -208,7 +209,8 @@ def test_train_worker_value_error_fails_the_task_once_with_the_cause(airflow_db,
     assert dag_run.state == "failed" and ti.state == "failed" and ti.try_number == 1  # it had 2 retries left
     (job,) = _jobs_of(RayHook(), base_submission_id(dag_id, dag_run.run_id, "train"))
     assert job["status"] == "FAILED"
-    manifest = artifacts.read_json(artifacts.manifest_uri(artifacts.run_dir(artifact_root, dag_id, dag_run.run_id, "train", -1)))
+    artifact_dir = artifacts.run_dir(artifact_root, dag_id, dag_run.run_id, "train", -1)
+    manifest = artifacts.read_json(artifacts.manifest_uri(artifact_dir))
     assert manifest["retryable"] is False
     assert manifest["error"].startswith(
         "TrainingError: training failed on Ray Train worker rank(s) [0] with XGBoostError: ")

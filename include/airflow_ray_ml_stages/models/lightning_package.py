@@ -14,10 +14,6 @@ from __future__ import annotations
 
 from types import ModuleType
 
-LIGHTNING_MODULES = ("lightning.pytorch", "pytorch_lightning")
-"""The import names, preferred first: Ray's order."""
-
-
 def import_lightning() -> ModuleType:
     """``lightning.pytorch`` if it imports, else ``pytorch_lightning``; the fix when neither does."""
     try:

@@ -97,7 +97,8 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
         config=config, metrics=metrics, seed=spec.seed, data_fingerprint=spec.data_fingerprint,
         preprocessor=PREPROCESSOR if preprocessor_uri else None, model_version=model_version,
         trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), baseline=baseline,
-        compute=compute_used, training=training, framework_versions=_framework_versions(family, final.get("framework_versions", {})),
+        compute=compute_used, training=training,
+        framework_versions=_framework_versions(family, final.get("framework_versions", {})),
     ).write(model_dir)
     metric = DEFAULT_METRIC[task]
     log.info("trained %s %s: test %s %.4f (baseline %.4f), validation %s %.4f; %s", family, model_version,
