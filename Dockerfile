@@ -20,15 +20,18 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 RAY_US
 # uid 50000 and gid 0, like the `airflow` user of Airflow's image: both write the shared artifacts.
 RUN useradd --uid 50000 --gid 0 --create-home --shell /bin/bash ray
 WORKDIR /opt/airflow-ray-ml
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY operators ./operators
 COPY include ./include
 COPY scripts/compose_init.py ./compose_init.py
 # Ray nodes need the Ray side and the `ml` extra, not Airflow: install the project's own pins minus
 # apache-airflow (read from pyproject.toml, so they never drift), then the package without deps.
+# torch at the tested version (constraints.txt's, without its +cpu), from the index chosen above.
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join([d for d in p['dependencies'] if not d.startswith('apache-airflow')] \
-+ p['optional-dependencies']['ml']))" > /tmp/ray-requirements.txt \
++ p['optional-dependencies']['ml'] \
++ [line.strip().split('+')[0] for line in open('constraints.txt') if line.startswith('torch==')]))" \
+    > /tmp/ray-requirements.txt \
     && pip install ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -r /tmp/ray-requirements.txt \
     && pip install --no-deps . \
     && rm /tmp/ray-requirements.txt

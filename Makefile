@@ -41,11 +41,22 @@ test-unit: $(STAMP)
 
 # The GPU tests, on a machine with a CUDA GPU (`make test` skips them elsewhere). The rest of the
 # suite pins its clusters to --num-gpus=0, so `make test` passes on a GPU machine as well.
-# constraints.txt pins torch's CPU wheel: on the GPU machine, install a CUDA build of the same version.
-test-gpu: $(STAMP)
+# Where `make install` has not run (a GPU host), this installs only what they need, the runtime, the
+# `ml` extra and pytest (the `test-gpu` extra), into a venv that sees the host's packages, at the
+# tested versions less torch's CPU wheel: the host's CUDA build of torch stays.
+GPU_STAMP := $(VENV)/.installed-gpu
+GPU_CONSTRAINTS := $(VENV)/constraints-gpu.txt
+
+$(GPU_STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	grep -v '^torch==' $(CONSTRAINTS) > $(GPU_CONSTRAINTS)
+	$(BIN)/pip install --quiet -c $(GPU_CONSTRAINTS) -e ".[ml,test-gpu]"
+	touch $(GPU_STAMP)
+
+test-gpu: $(if $(wildcard $(STAMP)),$(STAMP),$(GPU_STAMP))
 	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
 	'make test-gpu needs a CUDA GPU and a CUDA build of torch (this one is ' + torch.__version__ + '): ' \
-	'$(BIN)/pip install torch==' + torch.__version__.split('+')[0] + ' --index-url https://download.pytorch.org/whl/cu128')"
+	'see docs/deployment.md, GPU nodes and torch')"
 	$(BIN)/python -m pytest -m gpu -v
 
 clean: stop

@@ -28,11 +28,13 @@ def _arrays(path: str, features: list[str], label: str):
 
 def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, seed: int,
                     batch_size: int | None = None, whole_batches: bool = False, processes: int = 1) -> np.ndarray:
-    import pytorch_lightning as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
+    from airflow_ray_ml_stages.models.lightning_package import import_lightning
     from airflow_ray_ml_stages.models.mlp import label_scale, lightning_module
+
+    pl = import_lightning()  # the package lightning_module's LightningModule comes from
     from airflow_ray_ml_stages.specs import LIGHTNING_DEFAULTS
 
     pl.seed_everything(seed, verbose=False)

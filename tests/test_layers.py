@@ -62,6 +62,20 @@ def test_layer_check_catches_an_airflow_import(tmp_path):
     assert "airflow" in _imported_roots(bad)
 
 
+LIGHTNING_ROOTS = {"lightning", "pytorch_lightning"}
+
+
+def test_lightning_is_imported_only_through_the_lightning_package_module():
+    """Every Lightning class a Trainer gets comes from the package Ray's Lightning utilities chose
+    (models/lightning_package.py decides it); a direct import of either package could mix the two."""
+    chooser = RAYML_DIR / "models" / "lightning_package.py"
+    sources = [*RAYML_DIR.rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    offenders = sorted(str(path.relative_to(ROOT)) for path in sources
+                       if path != chooser and _imported_roots(path) & LIGHTNING_ROOTS)
+    assert offenders == []
+    assert _imported_roots(chooser) & LIGHTNING_ROOTS == LIGHTNING_ROOTS
+
+
 # -- the package's own layers --------------------------------------------------------------------
 
 def _modules(package_dir: Path) -> dict[str, Path]:
@@ -215,7 +229,7 @@ def test_layer_checks_catch_a_cycle_and_a_private_use(tmp_path):
 
 # -- what importing costs ------------------------------------------------------------------------
 
-HEAVY = ("pandas", "pyarrow.compute", "torch", "pytorch_lightning", "xgboost", "ray", "matplotlib")
+HEAVY = ("pandas", "pyarrow.compute", "torch", "lightning", "pytorch_lightning", "xgboost", "ray", "matplotlib")
 
 
 def _loaded_after_import(modules: list[str], watched: tuple[str, ...]) -> list[str]:

@@ -32,5 +32,9 @@ class ClusterError(RayMLError, RuntimeError):
     retryable = True
 
 
+class TrainingError(RayMLError, RuntimeError):
+    """Training failed with an error another try would raise again (a bad config, clashing packages)."""
+
+
 class TuneError(RayMLError, RuntimeError):
     """A search ended without any trial that completed."""

@@ -70,6 +70,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
 
     from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
     from airflow_ray_ml_stages.train.loops import lightning_train_loop, tune_report, xgboost_train_loop
+    from airflow_ray_ml_stages.train.run_dir import read_final
 
     space = SearchSpace(base["search_space"])
     config = space.decode(sampled)
@@ -105,6 +106,8 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
         seed=base["seed"], data_fingerprint=base["data_fingerprint"],
         preprocessor=PREPROCESSOR if scaling["preprocessor_uri"] else None, trial_id=trial_id,
         input_types=input_types,
+        # the Lightning loop's: which Lightning package trained it
+        framework_versions=read_final(directory).get("framework_versions"),
     ).write(model_dir)
     # The final model's metrics last: the searcher learns what RayTrain would reproduce.
     tune_report({"final": True}, cfg.task, labels, predictions)

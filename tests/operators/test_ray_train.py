@@ -211,6 +211,8 @@ def test_train_gpu_spec_without_gpu_falls_back_to_cpu_within_timeout(no_gpu_clus
 def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
     import torch
 
+    from airflow_ray_ml_stages.models.lightning_package import import_lightning
+
     with extra_cluster("ray_gpu", num_cpus=4, num_gpus=None):  # the GPUs Ray finds
         dag_run = _run("train_gpu", splits, SMALL_LIGHTNING)
         assert dag_run.state == "success"
@@ -223,6 +225,8 @@ def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
         assert used["device"].startswith("cuda"), used
         assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
         model = load_model(manifest["model_dir"])  # trained on the GPU, loads and predicts on CPU
+        # GPU images often have both Lightning packages: the one Ray's classes come from trained it
+        assert import_lightning().__name__ in model.card.framework_versions
         test_x, _ = load_split(splits["test_uri"], splits["feature_columns"])
         np.testing.assert_allclose(model.predict(test_x), _predictions_inside(manifest)[1], rtol=1e-4, atol=1e-4)
 

@@ -94,9 +94,12 @@ def lightning_module(config: dict[str, Any], n_features: int, label_offset: floa
                      label_scale: float = 1.0):
     """A LightningModule wrapping :class:`MLP` (imported here: serving needs no Lightning).
 
-    Its regression loss is the MSE on the standardised scale (divided by ``label_scale**2``).
+    Its regression loss is the MSE on the standardised scale (divided by ``label_scale**2``). Lightning
+    is the package :func:`~airflow_ray_ml_stages.models.lightning_package.import_lightning` decides.
     """
-    import pytorch_lightning as pl
+    from airflow_ray_ml_stages.models.lightning_package import import_lightning
+
+    pl = import_lightning()
 
     class MLPLightningModule(pl.LightningModule):
         def __init__(self) -> None:

@@ -24,31 +24,32 @@ from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.preprocessor import input_types_of
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
-from airflow_ray_ml_stages.train.run_dir import EVALUATION_DIR, read_evaluation, run_name, worker_record_uris
+from airflow_ray_ml_stages.train.run_dir import read_evaluation, read_final, run_name, worker_record_uris
 
 log = logging.getLogger("airflow_ray_ml_stages.train")
 
 
-def _framework_versions(family: str) -> dict[str, str]:
+def _framework_versions(family: str, loop_versions: dict[str, str]) -> dict[str, str]:
     from importlib.metadata import version
 
     # The installed versions without importing the packages: after a Ray Train run the driver has
     # imported neither torch nor Lightning, and importing them just for this took seconds.
     versions = {"python": platform.python_version(), "ray": version("ray"), "numpy": np.__version__}
     if family == "lightning":
-        versions.update(torch=_installed("torch"), pytorch_lightning=_installed("pytorch_lightning", "pytorch-lightning"))
+        # What the loop imported (torch, and which Lightning package: both may be installed)
+        versions.update(loop_versions)
     else:
         versions["xgboost"] = _installed("xgboost")
     return versions
 
 
-def _installed(module: str, distribution: str | None = None) -> str:
+def _installed(module: str) -> str:
     """A package's version: the imported module's where it is loaded, else its installed distribution's."""
     import sys
     from importlib.metadata import version
 
     loaded = sys.modules.get(module)
-    return getattr(loaded, "__version__", None) or version(distribution or module)
+    return getattr(loaded, "__version__", None) or version(module)
 
 
 def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, train_rows: int, started: float,
@@ -58,7 +59,7 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
     config, label_mean = loop_config.config, loop_config.label_mean
     family, local_mode, data_loading = loop_config.family, num_workers == 0, loop_config.data_loading
     cpus_per_worker, model_dir = compute.cpus_per_worker, loop_config.model_dir
-    final = artifacts.read_json(artifacts.join(spec.artifact_dir, EVALUATION_DIR, "final.json"))
+    final = read_final(spec.artifact_dir)
 
     task = spec.task
     metrics = {}
@@ -80,7 +81,7 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
                                                              "gpus_per_worker", "accelerator", "reason")},
     }
     training = {
-        **{key: value for key, value in final.items() if key not in ("device",)},
+        **{key: value for key, value in final.items() if key not in ("device", "framework_versions")},
         "train_rows": train_rows, "worker_starts": worker_starts,
         "restarts": max(0, worker_starts - max(1, num_workers)), "run_name": run_name(spec.artifact_dir),
         "checkpoint_every": loop_config.checkpoint_interval(), "fit_s": round(fit_s, 3), "runner": runner,
@@ -100,7 +101,8 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
         config=config, metrics=metrics, seed=spec.seed, data_fingerprint=spec.data_fingerprint,
         preprocessor=PREPROCESSOR if preprocessor_uri else None, model_version=model_version,
         trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), baseline=baseline,
-        compute=compute_used, training=training, framework_versions=_framework_versions(family),
+        compute=compute_used, training=training,
+        framework_versions=_framework_versions(family, final.get("framework_versions", {})),
         input_types=input_types,
     ).write(model_dir)
     metric = DEFAULT_METRIC[task]

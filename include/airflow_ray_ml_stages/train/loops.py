@@ -35,9 +35,7 @@ def tune_report(step: dict[str, Any], task: str, labels: np.ndarray, predictions
     tune.report({**metrics, **step, "reported_at": time.time()})
 
 
-def _no_sigterm_broadcast_callback():
-    import pytorch_lightning as pl
-
+def _no_sigterm_broadcast_callback(pl):
     class NoSigtermBroadcast(pl.Callback):
         """Drop Lightning's per-step SIGTERM broadcast between the ranks in a Ray Train run.
 
@@ -77,11 +75,12 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     timings, phase_started = {}, time.monotonic()
     train_arrays = start_reading_train_split(cfg, rank, world_size)  # while torch and Lightning import
 
-    import pytorch_lightning as pl
     import torch
-    from pytorch_lightning.callbacks import EarlyStopping
 
+    from airflow_ray_ml_stages.models.lightning_package import import_lightning, lightning_versions
     from airflow_ray_ml_stages.models.mlp import label_offset, label_scale, lightning_module, model_config
+
+    pl = import_lightning()  # the package Ray's Lightning classes below come from too
 
     config, features, label, seed = cfg.config, cfg.feature_columns, cfg.label_column, cfg.seed
     pl.seed_everything(seed, workers=True, verbose=False)
@@ -134,9 +133,9 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     if context.tune:
         callbacks.append(TuneReportEveryCallback())
     if not cfg.local_mode:
-        callbacks.append(_no_sigterm_broadcast_callback())
+        callbacks.append(_no_sigterm_broadcast_callback(pl))
     if config["patience"]:
-        callbacks.append(EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
+        callbacks.append(pl.callbacks.EarlyStopping(monitor="val_loss", patience=config["patience"], mode="min"))
     local_mode = cfg.local_mode
     if not local_mode:
         from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, prepare_trainer
@@ -178,7 +177,8 @@ def lightning_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = N
     final = {"epochs_run": int(trainer.current_epoch), "resumed_from_epoch": resumed_from_epoch,
              "device": str(trainer.strategy.root_device),
              "best_val_loss": float(trainer.callback_metrics.get("val_loss", float("nan"))),
-             "train_rows_per_worker": int(len(train_x)), "world_size": world_size}
+             "train_rows_per_worker": int(len(train_x)), "world_size": world_size,
+             "framework_versions": {"torch": torch.__version__, **lightning_versions(pl)}}
     if rank == 0:
         phase_started = time.monotonic()
         net = module.model.to("cpu").eval()

@@ -47,6 +47,11 @@ def write_final(cfg: TrainLoopConfig, final: dict[str, Any]) -> None:
     artifacts.write_json_atomic(artifacts.join(cfg.artifact_dir, EVALUATION_DIR, "final.json"), final)
 
 
+def read_final(artifact_dir: str) -> dict[str, Any]:
+    """What :func:`write_final` wrote into ``artifact_dir``."""
+    return artifacts.read_json(artifacts.join(artifact_dir, EVALUATION_DIR, "final.json"))
+
+
 def read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     """A split's labels and predictions, as :func:`write_evaluation` wrote them."""
     with np.load(io.BytesIO(artifacts.read_bytes(artifacts.join(artifact_dir, EVALUATION_DIR, f"{split}.npz"))),

@@ -16,6 +16,7 @@ from airflow_ray_ml_stages.constants import JOB_ENV_VARS
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
 from airflow_ray_ml_stages.stage import run_stage
 from airflow_ray_ml_stages.train.contexts import InProcessTrainContext
+from airflow_ray_ml_stages.train.failures import deterministic_errors_fail_once
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.loops import lightning_train_loop, xgboost_train_loop
 from airflow_ray_ml_stages.train.finish import finish
@@ -145,4 +146,4 @@ def run_training(spec: TrainSpec) -> TrainResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage(TrainSpec, run_training, argv)
+    return run_stage(TrainSpec, deterministic_errors_fail_once(run_training), argv)

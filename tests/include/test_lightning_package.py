@@ -1,0 +1,217 @@
+"""Lightning under either package name: models/lightning_package.py decides as Ray does, every path
+trains with both packages installed and with ``lightning`` hidden, and training errors a retry cannot
+fix fail the task once (train/failures.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.errors import ClusterError, SpecError, TrainingError
+from airflow_ray_ml_stages.model_card import ModelCard
+from airflow_ray_ml_stages.specs import TrainSpec
+from airflow_ray_ml_stages.train.failures import not_retryable
+from airflow_ray_ml_stages.train.stage import run_training
+from tests.conftest import ROOT, extra_cluster, load_dag
+from tests.hidden_packages import hiding_env
+from tests.operators.test_ray_job import _jobs_of, _xcom
+from tests.train_data import write_preprocessed, write_splits
+
+LOGICAL_DATE = datetime(2026, 7, 1, tzinfo=timezone.utc)
+# this checkout's packages first, in every subprocess (the tests' own sys.path is not inherited)
+CHECKOUT_PATH = os.pathsep.join([str(ROOT), str(ROOT / "include")])
+# what the suite's environment has (the dev extra installs both), and the same with `lightning` hidden
+PACKAGE_CASES = [pytest.param([], "lightning.pytorch", id="both_installed"),
+                 pytest.param(["lightning"], "pytorch_lightning", id="lightning_hidden")]
+
+
+def _env(hidden: list[str], directory: Path) -> dict[str, str]:
+    env = hiding_env(hidden, directory) if hidden else dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), CHECKOUT_PATH]))
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _python(code: str, env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("hidden, expected", PACKAGE_CASES)
+def test_import_lightning_takes_the_package_rays_lightning_classes_come_from(tmp_path, hidden, expected):
+    code = ("import json\n"
+            "from airflow_ray_ml_stages.models.lightning_package import import_lightning\n"
+            "from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback\n"
+            "pl = import_lightning()\n"
+            "print(json.dumps([pl.__name__, issubclass(RayDDPStrategy, pl.strategies.Strategy),\n"
+            "                  issubclass(RayTrainReportCallback, pl.Callback),\n"
+            "                  issubclass(RayLightningEnvironment, pl.plugins.environments.ClusterEnvironment)]))\n")
+    assert json.loads(_python(code, _env(hidden, tmp_path / "hide"))) == [expected, True, True, True]
+
+
+def test_hidden_package_cannot_be_imported_while_the_others_can(tmp_path):
+    code = ("import importlib, importlib.util, json\n"
+            "def imports(name):\n"
+            "    try:\n"
+            "        importlib.import_module(name)\n"
+            "    except ModuleNotFoundError:\n"
+            "        return False\n"
+            "    return True\n"
+            "found = importlib.util.find_spec('lightning') is not None\n"
+            "names = ('lightning', 'lightning.pytorch', 'pytorch_lightning', 'torch')\n"
+            "print(json.dumps([found, *(imports(name) for name in names)]))\n")
+    assert json.loads(_python(code, _env(["lightning"], tmp_path / "hide"))) == [False, False, False, True, True]
+
+
+@pytest.mark.parametrize("hidden, expected", PACKAGE_CASES)
+def test_in_process_lightning_training_records_the_package_it_used(tmp_path, hidden, expected):
+    """The job's own process (Train's local mode without Ray, early stopping on): trains with either
+    package, and the model card says which one."""
+    fields = write_splits(tmp_path / "splits", rows=1200, seed=5)
+    spec = {**fields, "artifact_dir": str(tmp_path / "train"),
+            "config": {"family": "lightning", "max_epochs": 2, "patience": 2, "hidden_sizes": [8]}}
+    code = ("import json, sys\n"
+            "from airflow_ray_ml_stages.specs import TrainSpec\n"
+            "from airflow_ray_ml_stages.train.stage import run_training\n"
+            "result = run_training(TrainSpec.from_json(sys.argv[1]))\n"
+            "print(json.dumps(result.to_dict()))\n")
+    result = json.loads(_python(code, _env(hidden, tmp_path / "hide"), json.dumps(spec)))
+    assert result["training"]["runner"] == "in_process" and result["training"]["epochs_run"] == 2
+    versions = ModelCard.read(result["model_dir"]).framework_versions
+    other = {"lightning.pytorch", "pytorch_lightning"} - {expected}
+    assert versions[expected] == "2.6.6" and not other & set(versions) and versions["torch"]
+    assert "framework_versions" not in result["training"]  # said once, in the card
+
+
+def test_trained_lightning_model_loads_and_predicts_without_either_lightning_package(tmp_path):
+    """Loading and serving need torch only: the model directory holds a state_dict and its config."""
+    fields = write_splits(tmp_path / "splits", rows=600, seed=5)
+    spec = {**fields, "artifact_dir": str(tmp_path / "train"),
+            "config": {"family": "lightning", "max_epochs": 1, "patience": 0, "hidden_sizes": [8]}}
+    model_dir = run_training(TrainSpec.from_dict(spec)).model_dir
+    code = ("import json, sys\n"
+            "import numpy as np, pandas as pd\n"
+            "from airflow_ray_ml_stages.models import load_model\n"
+            "model = load_model(sys.argv[1])\n"
+            "test = pd.read_parquet(sys.argv[2])[model.card.feature_columns].to_numpy(np.float32)\n"
+            "print(json.dumps([model.predict(test).tolist(), sorted(m for m in sys.modules if 'lightning' in m)]))\n")
+    predicted, loaded = json.loads(_python(code, _env(["lightning", "pytorch_lightning"], tmp_path / "hide"),
+                                           model_dir, fields["test_uri"]))
+    with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
+        np.testing.assert_allclose(predicted, saved["y_pred"], rtol=1e-5, atol=1e-5)
+    assert loaded == []
+
+
+# -- errors a retry cannot fix -------------------------------------------------------------------
+
+
+def _worker_group_error(failures: dict[int, Exception]):
+    from ray.train import WorkerGroupError
+
+    return WorkerGroupError("\n".join(f"rank {rank}: {error!r}" for rank, error in failures.items()), failures)
+
+
+def test_not_retryable_every_worker_raising_value_or_type_errors_names_ranks_and_cause():
+    error = _worker_group_error({0: ValueError("You selected an invalid strategy name"), 1: TypeError("bad")})
+    final = not_retryable(error)
+    assert isinstance(final, TrainingError) and final.retryable is False
+    assert str(final).startswith("training failed on Ray Train worker rank(s) [0, 1] with ValueError: "
+                                 "You selected an invalid strategy name; another try would fail the same way")
+
+
+def test_not_retryable_a_lost_worker_or_a_retryable_error_stays_retryable():
+    from ray.exceptions import ActorDiedError
+
+    assert not_retryable(_worker_group_error({0: ValueError("bad"), 1: ActorDiedError()})) is None
+    assert not_retryable(_worker_group_error({0: ClusterError("the head went away")})) is None
+    assert not_retryable(RuntimeError("connection reset")) is None
+    assert not_retryable(_worker_group_error({})) is None  # nothing known about the cause
+
+
+def test_not_retryable_an_error_of_the_job_itself_keeps_its_type_in_the_message():
+    final = not_retryable(SpecError("x must be positive"))
+    assert isinstance(final, TrainingError) and str(final).startswith("training failed with SpecError: x must be")
+    long = not_retryable(ValueError("y" * 5000))
+    assert len(str(long)) < 1000 and "y ..." in str(long)
+
+
+def test_train_stage_value_error_in_process_writes_a_not_retryable_manifest(tmp_path):
+    from airflow_ray_ml_stages.train.stage import main
+
+    fields = write_splits(tmp_path / "splits", rows=600, seed=5)
+    spec = {**fields, "artifact_dir": str(tmp_path / "train"),
+            "config": {"family": "xgboost", "num_boost_round": 5, "tree_method": "no_such_method"}}
+    assert main(["--spec", json.dumps(spec)]) == 1
+    manifest = artifacts.read_json(artifacts.manifest_uri(str(tmp_path / "train")))
+    assert manifest["status"] == "failed" and manifest["retryable"] is False
+    assert manifest["error"].startswith("TrainingError: training failed with XGBoostError: ")
+    assert "no_such_method" in manifest["error"]
+
+
+# -- the whole path on a real cluster: Tune trials, then Ray Train -----------------------------
+
+
+@pytest.fixture(scope="module")
+def preprocess(tmp_path_factory) -> dict:
+    return write_preprocessed(tmp_path_factory.mktemp("lightning-data"), rows=2000, seed=13)
+
+
+@pytest.fixture(scope="module")
+def no_lightning_cluster(airflow_db, tmp_path_factory):
+    """A Ray head whose every process (raylet, jobs, Tune trials, Ray Train workers) cannot import `lightning`."""
+    env = hiding_env(["lightning"], tmp_path_factory.mktemp("hide-lightning"), env={})
+    with extra_cluster("ray_no_lightning", extra_env={"PYTHONPATH": env["PYTHONPATH"]}) as cluster:
+        yield cluster
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dag_id, cluster, expected", [
+    pytest.param("lightning_both", "ray_conn", "lightning.pytorch", id="both_installed"),
+    pytest.param("lightning_hidden", "no_lightning_cluster", "pytorch_lightning", id="lightning_hidden"),
+])
+def test_lightning_search_then_ray_train_pass_with_the_package_ray_chose(request, airflow_db, preprocess, dag_id,
+                                                                         cluster, expected):
+    request.getfixturevalue(cluster)
+    dag_run = load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE,
+                                    run_conf={"preprocess": preprocess})
+    assert dag_run.state == "success", {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    tune = _xcom(dag_run, "tune")
+    assert tune["trials"]["completed"] == 2 and tune["trials"]["failed"] == 0
+    trial_card = ModelCard.read(tune["best_checkpoint_uri"])
+    train = _xcom(dag_run, "train")
+    assert train["training"]["runner"] == "ray_train" and train["compute_used"]["num_workers"] == 1
+    assert train["training"]["epochs_run"] == 3
+    assert train["metrics"]["test"]["rmse"] < train["baseline"]["test_rmse"]
+    assert trial_card.trial_id == tune["best_trial_id"]
+    for card in (ModelCard.read(train["model_dir"]), trial_card):
+        assert card.framework_versions[expected] == "2.6.6", card.framework_versions
+        assert not ({"lightning.pytorch", "pytorch_lightning"} - {expected}) & set(card.framework_versions)
+
+
+@pytest.mark.integration
+def test_train_worker_value_error_fails_the_task_once_with_the_cause(airflow_db, ray_conn, artifact_root, preprocess):
+    from airflow_ray_ml.hooks.ray import RayHook
+    from airflow_ray_ml.job_status import base_submission_id
+
+    dag_id = "train_refused_on_the_worker"
+    dag_run = load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE,
+                                    run_conf={"preprocess": preprocess})
+    (ti,) = dag_run.get_task_instances()
+    assert dag_run.state == "failed" and ti.state == "failed" and ti.try_number == 1  # it had 2 retries left
+    (job,) = _jobs_of(RayHook(), base_submission_id(dag_id, dag_run.run_id, "train"))
+    assert job["status"] == "FAILED"
+    artifact_dir = artifacts.run_dir(artifact_root, dag_id, dag_run.run_id, "train", -1)
+    manifest = artifacts.read_json(artifacts.manifest_uri(artifact_dir))
+    assert manifest["retryable"] is False
+    assert manifest["error"].startswith(
+        "TrainingError: training failed on Ray Train worker rank(s) [0] with XGBoostError: ")
+    assert "no_such_method" in manifest["error"]
