@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -115,6 +116,28 @@ def test_plan_training_large_gpu_work_on_several_gpus_uses_ray_train_workers():
 def test_plan_training_cpu_probe_never_takes_a_gpu():
     plan = plan_training(TrainSpec(**DATA, accelerator="gpu"), 5_000_000, 1_000_000)
     assert plan.device.use_gpu is False and plan.job_gpus == 0 and "probe found no usable GPU" in plan.device.reason
+
+
+@pytest.mark.integration
+def test_job_holds_gpu_only_when_submitted_with_entrypoint_num_gpus():
+    """What the train stage reads to train on the job's own GPU, as a real Ray job sees it."""
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.conftest import extra_cluster
+
+    code = "from airflow_ray_ml_stages.train.sizing import job_holds_gpu; print('holds a GPU:', job_holds_gpu())"
+    with extra_cluster("ray_one_gpu", num_gpus=1) as cluster:  # a GPU Ray hands out, whether or not CUDA works
+        client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
+        jobs = {resources: client.submit_job(entrypoint=f'python -c "{code}"', **dict(resources))
+                for resources in ((("entrypoint_num_gpus", 1),), (), (("entrypoint_num_cpus", 0.5),))}
+        seen = {}
+        for resources, job in jobs.items():
+            deadline = time.monotonic() + 120
+            while str(client.get_job_status(job)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                assert time.monotonic() < deadline, client.get_job_logs(job)
+                time.sleep(0.2)
+            seen[resources] = client.get_job_logs(job).strip().splitlines()[-1]
+    assert list(seen.values()) == ["holds a GPU: True", "holds a GPU: False", "holds a GPU: False"], seen
 
 
 @pytest.mark.parametrize("config", [{"family": "xgboost", "num_boost_round": 20, "early_stopping_rounds": 0},
