@@ -86,7 +86,7 @@ class GpuBusy:
             self.source = "nvidia-smi"
             self._process = subprocess.Popen(
                 ["nvidia-smi", "--id=0", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                 f"-lms={int(SAMPLE_INTERVAL_S * 1000)}"],
+                 f"--loop-ms={int(SAMPLE_INTERVAL_S * 1000)}"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
             self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
