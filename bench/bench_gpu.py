@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import statistics
@@ -341,13 +340,11 @@ def main() -> int:
         return 0
     devices = ["cpu"] if args.cpu_only else ["cuda", "cpu"]
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="bench-gpu-airflow-"))
-    logging.basicConfig(level=logging.WARNING)
+    # the jobs' log lines, which the operators copy to their task log: not wanted between the runs
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
 
     from airflow_ray_ml.ray_job import RayJobOperator
     from airflow_ray_ml_stages.probe import NodeResources, plan_cpu, plan_gpu
-
-    # the jobs' log lines, which the operators copy to their task log: not wanted between the runs
-    logging.getLogger("airflow.task").setLevel(logging.WARNING)
 
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     # CPU-only: a 2-CPU cluster (the smoke check shares a small machine); on a GPU node: all of it.
