@@ -1,4 +1,5 @@
-"""The baseline for bench_train.py: plain Lightning or plain XGBoost on the same splits, no Ray.
+"""The baseline for bench_train.py and bench_gpu.py: plain Lightning, a plain PyTorch loop or plain
+XGBoost on the same splits, no Ray, on CPU or (``--device cuda``) on the GPU.
 
 Run in a fresh process (imports included in the time), like the Ray job it is compared with.
 Prints one JSON line: test RMSE and the training time.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -27,7 +29,8 @@ def _arrays(path: str, features: list[str], label: str):
 
 
 def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, seed: int,
-                    batch_size: int | None = None, whole_batches: bool = False, processes: int = 1) -> np.ndarray:
+                    batch_size: int | None = None, whole_batches: bool = False, processes: int = 1,
+                    device: str = "cpu", threads: int = 1) -> np.ndarray:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -37,8 +40,10 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     pl = import_lightning()  # the package lightning_module's LightningModule comes from
     from airflow_ray_ml_stages.specs import LIGHTNING_DEFAULTS
 
-    pl.seed_everything(seed, verbose=False)
-    torch.set_num_threads(1)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
     (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
     label_mean, label_std = float(train_y.mean()), float(train_y.std())
     # Several processes: Lightning's own DDP over gloo on this machine's CPUs, no Ray. Each rank
@@ -52,7 +57,8 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     config = {**LIGHTNING_DEFAULTS, "max_epochs": epochs, "batch_size": batch_size or LIGHTNING_DEFAULTS["batch_size"]}
     module = lightning_module(config, len(features), label_mean, label_scale(label_std, None))
     ddp = {"strategy": "ddp", "devices": processes, "use_distributed_sampler": False} if processes > 1 else {"devices": 1}
-    trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", **ddp, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_epochs=epochs, accelerator="gpu" if device == "cuda" else "cpu", **ddp, logger=False,
+                         enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          deterministic=True)
     if whole_batches:  # the stage's loader: the same batches, one tensor index per batch
@@ -71,18 +77,53 @@ def plain_lightning(splits: dict, features: list[str], label: str, epochs: int, 
     if rank:
         sys.exit(0)  # rank 0 evaluates and prints the result
     with torch.inference_mode():
-        return module.model.eval()(torch.from_numpy(test_x)).numpy()
+        return module.model.to("cpu").eval()(torch.from_numpy(test_x)).numpy()
 
 
-def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int) -> np.ndarray:
+def plain_torch(splits: dict, features: list[str], label: str, epochs: int, seed: int,
+                batch_size: int | None = None, device: str = "cpu", threads: int = 1) -> np.ndarray:
+    """The stage's MLP, loss and optimiser in a hand-written loop: the tables on the device once, a
+    shuffled index per epoch, the validation loss after each epoch (as Lightning computes it)."""
+    import torch
+
+    from airflow_ray_ml_stages.models.mlp import MLP, label_scale
+    from airflow_ray_ml_stages.specs import LIGHTNING_DEFAULTS
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
+    config = {**LIGHTNING_DEFAULTS, "batch_size": batch_size or LIGHTNING_DEFAULTS["batch_size"]}
+    scale = label_scale(float(train_y.std()), None)
+    model = MLP(len(features), config["hidden_sizes"], config["dropout"], float(train_y.mean()), scale).to(device)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=config["weight_decay"])
+    train_x, train_y, val_x, val_y = (torch.from_numpy(array).to(device) for array in (train_x, train_y, val_x, val_y))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    fit_started = time.monotonic()
+    for _ in range(epochs):
+        model.train()
+        for batch in torch.randperm(len(train_x), device=device, generator=generator).split(config["batch_size"]):
+            loss = torch.nn.functional.mse_loss(model(train_x[batch]), train_y[batch]) / scale ** 2
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+        model.eval()
+        with torch.inference_mode():
+            float(torch.nn.functional.mse_loss(model(val_x), val_y))  # one sync per epoch, as Lightning's
+    FIT_S["fit_s"] = time.monotonic() - fit_started
+    with torch.inference_mode():
+        return model.to("cpu").eval()(torch.from_numpy(test_x)).numpy()
+
+
+def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, seed: int, device: str = "cpu",
+                  threads: int = 1) -> np.ndarray:
     import xgboost
 
     from airflow_ray_ml_stages.specs import XGBOOST_DEFAULTS
 
     (train_x, train_y), (val_x, val_y), (test_x, _) = (_arrays(splits[s], features, label) for s in ("train", "validation", "test"))
     params = {key: value for key, value in XGBOOST_DEFAULTS.items() if key not in ("num_boost_round", "early_stopping_rounds")}
-    params.update(objective="reg:squarederror", eval_metric="rmse", tree_method="hist", seed=seed, nthread=1,
-                  base_score=float(train_y.mean()))
+    params.update(objective="reg:squarederror", eval_metric="rmse", tree_method="hist", seed=seed, nthread=threads,
+                  base_score=float(train_y.mean()), device=device)
     fit_started = time.monotonic()
     booster = xgboost.train(params, xgboost.DMatrix(train_x, label=train_y, feature_names=features), rounds,
                             evals=[(xgboost.DMatrix(val_x, label=val_y, feature_names=features), "validation")],
@@ -93,7 +134,8 @@ def plain_xgboost(splits: dict, features: list[str], label: str, rounds: int, se
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--family", choices=("lightning", "xgboost"), required=True)
+    parser.add_argument("--family", choices=("lightning", "torch", "xgboost"), required=True,
+                        help="torch: the stage's MLP in a plain PyTorch loop")
     parser.add_argument("--splits", required=True, help="JSON: train/validation/test Parquet paths")
     parser.add_argument("--features", required=True, help="JSON list of feature columns")
     parser.add_argument("--label", default="quality")
@@ -104,13 +146,18 @@ def main() -> None:
                         help="Lightning: the stage's whole-batch tensor loader instead of DataLoader(TensorDataset)")
     parser.add_argument("--processes", type=int, default=1,
                         help="Lightning: train in this many DDP processes (gloo, one thread each), without Ray")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch, XGBoost)")
     args = parser.parse_args()
     splits, features = json.loads(args.splits), json.loads(args.features)
+    on = {"device": args.device, "threads": args.threads}
     if args.family == "lightning":
         predictions = plain_lightning(splits, features, args.label, args.iterations, args.seed, args.batch_size,
-                                      args.whole_batches, args.processes)
+                                      args.whole_batches, args.processes, **on)
+    elif args.family == "torch":
+        predictions = plain_torch(splits, features, args.label, args.iterations, args.seed, args.batch_size, **on)
     else:
-        predictions = plain_xgboost(splits, features, args.label, args.iterations, args.seed)
+        predictions = plain_xgboost(splits, features, args.label, args.iterations, args.seed, **on)
     test_y = pd.read_parquet(splits["test"], columns=[args.label])[args.label].to_numpy(np.float64)
     rmse = float(np.sqrt(np.mean((predictions - test_y) ** 2)))
     print(json.dumps({"family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED,

@@ -16,7 +16,8 @@ follows and records. A retried task re-attaches to its running job (or reuses it
   space, unless the ``search_space`` Param gives a whole one.
 * ``tune`` searches family × scaler × hyperparameters on Ray Tune with ASHA early stopping, on the
   validation split only; it writes a leaderboard (CSV, JSON) and a plot.
-* ``train`` fits the best config on Ray Train (on GPU when the probe found one) and writes a model
+* ``train`` fits the best config (on the GPU when the probe found one and the table is large enough
+  to run faster there, or as the ``accelerator`` Param says) and writes a model
   directory with its model card: test metrics (the test split's first use), data fingerprint,
   config, versions.
 * ``deploy`` promotes the model to the Ray Serve endpoint only if it beats the model being served
@@ -49,7 +50,7 @@ from airflow_ray_ml.ray_serve import RayServeDeployOperator
 from airflow_ray_ml.serve_schema import DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
-from airflow_ray_ml_stages.constants import SCALERS, TASKS
+from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES, SCALERS, TASKS
 from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, search_space_json_schema
 from airflow_ray_ml_stages.specs import (
     PLACEMENT_STRATEGIES,
@@ -208,6 +209,11 @@ with DAG(
                                              "classification) must be to replace the served model"),
         "require_gpu": Param(False, type="boolean", title="Require a GPU", section="Compute",
                              description="Fail instead of falling back to CPU"),
+        "accelerator": Param(TrainSpec.accelerator, type="string", enum=list(ACCELERATOR_CHOICES), title="Accelerator",
+                             section="Compute",
+                             description="auto: the GPU only for work large enough to run faster there (a small "
+                                         "table trains faster on CPU); gpu: the GPU whenever the probe found one; "
+                                         "cpu: never the GPU"),
         "wait_for_gpu_s": Param(ProbeSpec.wait_for_gpu_s, type="number", minimum=0, maximum=3600,
                                 title="Wait for a GPU (s)", section="Compute",
                                 description="On autoscaling clusters: seconds to wait for a GPU node"),
@@ -284,6 +290,7 @@ with DAG(
         num_samples="{{ params.num_trials }}",
         time_budget_s="{{ params.time_budget_s }}",
         searcher="{{ params.searcher }}",
+        accelerator="{{ params.accelerator }}",
         doc_md="Search family x scaler x hyperparameters with ASHA; the XCom has the best config and "
                "the leaderboard, which the UI's Ray ML page shows.",
     )
@@ -294,6 +301,7 @@ with DAG(
         compute=probe.output,
         num_workers="{{ params.train_workers }}",
         placement_strategy="{{ params.placement_strategy }}",
+        accelerator="{{ params.accelerator }}",
         doc_md="Train the best config on Ray Train; the XCom holds the model directory, its version and "
                "test metrics.",
     )

@@ -105,7 +105,9 @@ def write_preprocessed(directory: str | Path, rows: int = 3000, seed: int = 7, s
 
 def as_preprocess_xcom(fields: dict) -> dict:
     """``write_splits``' train-spec fields in the shape of a preprocess task's XCom (``data=`` of RayTrain)."""
-    return {"split_uris": {"train": fields["train_uri"], "validation": fields["validation_uri"],
-                           "test": fields["test_uri"]},
+    import pyarrow.parquet as pq
+
+    splits = {"train": fields["train_uri"], "validation": fields["validation_uri"], "test": fields["test_uri"]}
+    return {"split_uris": splits, "rows": {name: pq.ParquetFile(uri).metadata.num_rows for name, uri in splits.items()},
             "feature_columns": fields["feature_columns"], "label_column": fields["label_column"],
             "preprocessor_uri": fields["preprocessor_uri"], "fingerprint": fields["data_fingerprint"]}

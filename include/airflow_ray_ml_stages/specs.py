@@ -388,12 +388,12 @@ class TrainSpec(StageSpec):
         found one; ``cpu``: never the GPU.
     :param num_workers: Ray Train workers; 0 runs Train's local mode (the loop runs in the job's
         own process: no actor start-up, but no worker to restart from a checkpoint either). None
-        sizes from the data: below ``scale_out_min_rows`` training rows local mode on CPU and one
-        worker on GPU; from there the compute spec's ``num_workers``, except that a CPU plan of
-        one worker trains in the job's process while the splits fit in ``direct_max_bytes``.
+        sizes from the data: below ``scale_out_min_rows`` training rows local mode (on GPU, the
+        job's process holds the GPU); from there the compute spec's ``num_workers``, except that a
+        plan of one worker trains in the job's process while the splits fit in ``direct_max_bytes``.
     :param scale_out_min_rows: training rows from which the stage uses the compute spec's workers.
     :param direct_max_bytes: the largest in-memory size of the three splits (rows x columns x 8
-        bytes) that a one-worker CPU plan trains in the job's process rather than on one Ray
+        bytes) that a one-worker plan trains in the job's process rather than on one Ray
         Train worker fed by Ray Data, which on one node only adds their start-up.
     :param gpu_placement_timeout_s: how long to wait for the GPU workers' placement before
         training on CPU instead.

@@ -32,12 +32,16 @@ train_xgboost = _train_dag("train_xgboost", probe=True)
 # One real Ray Train worker (not local mode) so there is a worker process to kill.
 train_resume = _train_dag("train_resume", num_workers=1, checkpoint_every=1, max_failures=2)
 train_resume_xgboost = _train_dag("train_resume_xgboost", num_workers=1, checkpoint_every=5, max_failures=2)
-# A GPU compute spec on a cluster that has no GPU: the placement never comes.
+# A GPU compute spec on a cluster that has no GPU: the placement never comes. accelerator="gpu",
+# since the device rule keeps a table this small on CPU anyway.
 train_gpu_fallback = _train_dag(
-    "train_gpu_fallback", ray_conn_id="ray_no_gpu", gpu_placement_timeout_s=3,
+    "train_gpu_fallback", ray_conn_id="ray_no_gpu", gpu_placement_timeout_s=3, accelerator="gpu",
     compute={"use_gpu": True, "gpus_per_worker": 1, "num_workers": 1, "cpus_per_worker": 1,
              "accelerator": "gpu", "reason": "test: a GPU compute spec"},
 )
-# Whatever GPU the cluster has (the gpu-marked test points ray_gpu at a cluster with a real one).
-# The probe decides (a real CUDA smoke test) and training takes its compute spec.
-train_gpu = _train_dag("train_gpu", probe=True, ray_conn_id="ray_gpu", gpu_placement_timeout_s=30)
+# Whatever GPU the cluster has (the gpu-marked tests point ray_gpu at a cluster with a real one).
+# The probe decides (a real CUDA smoke test) and training takes its compute spec: on the GPU as
+# told (accelerator="gpu"), or where the device rule puts the wine table (auto: on CPU).
+train_gpu = _train_dag("train_gpu", probe=True, ray_conn_id="ray_gpu", gpu_placement_timeout_s=30,
+                       accelerator="gpu")
+train_gpu_auto = _train_dag("train_gpu_auto", probe=True, ray_conn_id="ray_gpu", gpu_placement_timeout_s=30)

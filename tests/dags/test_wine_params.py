@@ -61,6 +61,17 @@ def test_params_data_cleaning_reaches_the_preprocess_spec_as_typed_values(build)
     assert default["drop_columns"] == [] and default["nan_policy"] == "fail" and default["max_categories"] == 100
 
 
+@pytest.mark.parametrize("accelerator", ["auto", "gpu", "cpu"])
+def test_params_accelerator_reaches_the_train_and_tune_specs(build, accelerator):
+    built = build(accelerator=accelerator)
+    assert built["train"]["accelerator"] == built["tune"]["accelerator"] == accelerator
+
+
+def test_params_accelerator_defaults_to_the_device_rule(build):
+    built = build()
+    assert built["train"]["accelerator"] == built["tune"]["accelerator"] == "auto"
+
+
 @pytest.mark.parametrize(("low", "high", "expected"), [
     (3, 9, [3, 9]),
     (9, 3, [3, 9]),  # the wrong way round: swapped, not a failed preprocess task
@@ -110,6 +121,7 @@ def test_params_empty_search_space_means_the_one_built_from_the_form(build):
     ({"label_min": "3"}, "label_min"),
     ({"searcher": None}, "searcher"),
     ({"placement_strategy": None}, "placement_strategy"),
+    ({"accelerator": "cuda"}, "accelerator"),
     ({"label_column": "  "}, "label_column"),
     ({"nan_policy": "ignore"}, "nan_policy"),
     ({"drop_columns": "name"}, "drop_columns"),  # a list, one column per line in the form

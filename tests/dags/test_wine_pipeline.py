@@ -84,6 +84,7 @@ def test_wine_dag_runs_with_small_params(first_run):
     assert {k: model["config"][k] for k in tuned["best_config"] if k in model["config"]} == {
         k: v for k, v in tuned["best_config"].items() if k in model["config"]}
     assert model["metrics"]["test"]["rmse"] < model["baseline"]["test_rmse"]
+    assert model["compute_used"]["device_reason"].startswith("CPU: the probe found no usable GPU")
     deployed = _xcom(dag_run, "deploy")
     assert deployed["action"] == "promoted" and deployed["model_version"] == model["model_version"]
     answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [ROW]}, timeout=30)

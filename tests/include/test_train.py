@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,7 @@ from airflow_ray_ml_stages.models import load_model
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import run_name
-from airflow_ray_ml_stages.train.sizing import plan_workers
+from airflow_ray_ml_stages.train.sizing import plan_training, plan_workers
 from airflow_ray_ml_stages.train.stage import run_training
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
@@ -66,10 +67,10 @@ def test_train_spec_bad_value_raises_quoting_it(fields, message):
         TrainSpec(**{**DATA, **fields})
 
 
-def test_plan_workers_small_data_uses_local_mode_on_cpu_and_one_worker_on_gpu():
+def test_plan_workers_small_data_trains_in_the_jobs_process_on_cpu_and_on_gpu():
     cpu = ComputeSpec.cpu("cpu", num_workers=4)
     assert plan_workers(TrainSpec(**DATA), cpu, 6_000, 2**20)[0] == 0
-    assert plan_workers(TrainSpec(**DATA, compute=GPU), ComputeSpec.from_dict(GPU), 6_000, 2**20)[0] == 1
+    assert plan_workers(TrainSpec(**DATA, compute=GPU), ComputeSpec.from_dict(GPU), 6_000, 2**20)[0] == 0
 
 
 def test_plan_workers_large_data_uses_the_compute_specs_workers_unless_told():
@@ -84,8 +85,59 @@ def test_plan_workers_one_cpu_worker_on_large_data_trains_in_process_while_the_s
     workers, reason = plan_workers(TrainSpec(**DATA), one, 500_000, 100 * 2**20)
     assert workers == 0 and "plans one CPU worker and the splits (100 MiB in memory) fit" in reason
     assert plan_workers(TrainSpec(**DATA, direct_max_bytes=50 * 2**20), one, 500_000, 100 * 2**20)[0] == 1
-    assert plan_workers(TrainSpec(**DATA, compute={**GPU, "num_workers": 1}), ComputeSpec.from_dict(
-        {**GPU, "num_workers": 1}), 500_000, 100 * 2**20)[0] == 1  # a GPU needs a worker
+    gpu_workers, gpu_reason = plan_workers(TrainSpec(**DATA, compute={**GPU, "num_workers": 1}), ComputeSpec.from_dict(
+        {**GPU, "num_workers": 1}), 500_000, 100 * 2**20)
+    assert gpu_workers == 0 and "plans one GPU worker" in gpu_reason  # the job's process is given the GPU
+
+
+def test_plan_training_wine_table_on_gpu_node_trains_on_cpu_and_the_job_takes_no_gpu():
+    spec = TrainSpec(**DATA, compute=GPU, config={"family": "xgboost"})
+    plan = plan_training(spec, 4553, 1944)
+    assert plan.device.use_gpu is False and plan.device.reason.startswith("4,553 rows: CPU is faster for XGBoost")
+    assert plan.compute.use_gpu is False and plan.compute.reason == plan.device.reason
+    assert (plan.compute.num_workers, plan.compute.cpus_per_worker) == (2, 1.5)  # the probe's sizing, on CPU
+    assert plan.num_workers == 0 and plan.job_gpus == 0
+
+
+def test_plan_training_gpu_work_for_one_worker_gives_the_job_the_gpu():
+    spec = TrainSpec(**DATA, compute=GPU, config={"family": "xgboost"}, accelerator="gpu")
+    plan = plan_training(spec, 4553, 1944)
+    assert plan.device.use_gpu and plan.compute.use_gpu and plan.num_workers == 0 and plan.job_gpus == 1.0
+
+
+def test_plan_training_large_gpu_work_on_several_gpus_uses_ray_train_workers():
+    spec = TrainSpec(**DATA, compute=GPU, config={"family": "lightning"})
+    plan = plan_training(spec, 5_000_000, 1_000_000)
+    assert plan.device.use_gpu and plan.num_workers == 2 and plan.job_gpus == 0  # the workers hold the GPUs
+    assert plan_training(TrainSpec(**DATA, compute=GPU, config={"family": "lightning"}, accelerator="gpu",
+                                   num_workers=1), 4553, 1944).job_gpus == 0  # num_workers=1 asks for a Ray Train worker (restarts)
+
+
+def test_plan_training_cpu_probe_never_takes_a_gpu():
+    plan = plan_training(TrainSpec(**DATA, accelerator="gpu"), 5_000_000, 1_000_000)
+    assert plan.device.use_gpu is False and plan.job_gpus == 0 and "probe found no usable GPU" in plan.device.reason
+
+
+@pytest.mark.integration
+def test_job_holds_gpu_only_when_submitted_with_entrypoint_num_gpus():
+    """What the train stage reads to train on the job's own GPU, as a real Ray job sees it."""
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.conftest import extra_cluster
+
+    code = "from airflow_ray_ml_stages.train.sizing import job_holds_gpu; print('holds a GPU:', job_holds_gpu())"
+    with extra_cluster("ray_one_gpu", num_gpus=1) as cluster:  # a GPU Ray hands out, whether or not CUDA works
+        client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
+        jobs = {resources: client.submit_job(entrypoint=f'python -c "{code}"', **dict(resources))
+                for resources in ((("entrypoint_num_gpus", 1),), (), (("entrypoint_num_cpus", 0.5),))}
+        seen = {}
+        for resources, job in jobs.items():
+            deadline = time.monotonic() + 120
+            while str(client.get_job_status(job)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+                assert time.monotonic() < deadline, client.get_job_logs(job)
+                time.sleep(0.2)
+            seen[resources] = client.get_job_logs(job).strip().splitlines()[-1]
+    assert list(seen.values()) == ["holds a GPU: True", "holds a GPU: False", "holds a GPU: False"], seen
 
 
 @pytest.mark.parametrize("config", [{"family": "xgboost", "num_boost_round": 20, "early_stopping_rounds": 0},
@@ -112,6 +164,7 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     assert result["training"]["runner"] == "in_process" and done_iterations == (20 if config["family"] == "xgboost" else 3)
     assert result["compute_used"]["local_mode"] is True and result["compute_used"]["num_workers"] == 0
     assert "plans one CPU worker" in result["compute_used"]["sizing_reason"]
+    assert result["compute_used"]["device_reason"].startswith("CPU: the probe found no usable GPU")
     card = ModelCard.read(str(tmp_path / "train" / "model"))
     assert card.framework_versions["ray"] and card.metrics == result["metrics"]
     assert card.model_version == result["model_version"] and card.training["runner"] == "in_process"

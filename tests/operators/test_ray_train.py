@@ -223,12 +223,30 @@ def test_train_lightning_gpu_spec_trains_on_the_gpu(airflow_db, splits):
         used = manifest["compute_used"]
         assert used["gpu_fallback"] is False and used["use_gpu"] is True
         assert used["device"].startswith("cuda"), used
+        assert used["device_reason"] == "GPU: accelerator='gpu' set in the spec"
+        # one worker's work: in the job's process, on the GPU the job was submitted with
+        assert manifest["training"]["runner"] == "in_process" and used["num_workers"] == 0
         assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
         model = load_model(manifest["model_dir"])  # trained on the GPU, loads and predicts on CPU
         # GPU images often have both Lightning packages: the one Ray's classes come from trained it
         assert import_lightning().__name__ in model.card.framework_versions
         test_x, _ = load_split(splits["test_uri"], splits["feature_columns"])
         np.testing.assert_allclose(model.predict(test_x), _predictions_inside(manifest)[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+@requires_cuda
+def test_train_wine_table_on_gpu_node_trains_on_cpu_with_the_reason(airflow_db, splits):
+    with extra_cluster("ray_gpu", num_cpus=4, num_gpus=None):  # the GPUs Ray finds
+        dag_run = _run("train_gpu_auto", splits, TUNED_XGBOOST)
+        assert dag_run.state == "success"
+        assert _xcom(dag_run, "probe")["use_gpu"] is True
+        manifest = _xcom(dag_run, "train")
+        used = manifest["compute_used"]
+        assert used["use_gpu"] is False and used["device"] == "cpu" and used["gpu_fallback"] is False
+        assert used["device_reason"].startswith("4,547 rows: CPU is faster for XGBoost below"), used
+        assert manifest["training"]["runner"] == "in_process"
 
 
 def _operator(**kwargs) -> RayTrainOperator:
@@ -246,6 +264,25 @@ PREPROCESSED = {"split_uris": {"train": "/d/train", "validation": "/d/val", "tes
 class _TI:
     dag_id = "train_unit"
     map_index = -1
+
+
+GPU_COMPUTE = {"use_gpu": True, "gpus_per_worker": 1, "num_workers": 1, "cpus_per_worker": 12, "accelerator": "gpu",
+               "reason": "CUDA smoke test passed"}
+ROWS = {"read": 6497, "dropped": 0, "train": 4547, "validation": 974, "test": 976}
+
+
+@pytest.mark.parametrize(("compute", "accelerator", "rows", "gpus"), [
+    (GPU_COMPUTE, "gpu", ROWS, 1.0),  # one worker's GPU work: the job's process holds the GPU
+    (GPU_COMPUTE, "auto", ROWS, 0.0),  # the device rule keeps the wine table on CPU
+    (GPU_COMPUTE, "auto", {**ROWS, "train": 5_000_000}, 1.0),  # a table the GPU wins on
+    (GPU_COMPUTE, "gpu", None, 0.0),  # no row counts to plan with: the job plans alone
+    (ComputeSpec.cpu("no GPU").to_dict(), "gpu", ROWS, 0.0),
+])
+def test_train_operator_plans_the_jobs_gpu_from_the_preprocess_rows(tmp_path, compute, accelerator, rows, gpus):
+    data = {**PREPROCESSED, **({"rows": rows} if rows else {})}
+    operator = _operator(data=data, compute=compute, accelerator=accelerator, config={"family": "xgboost"},
+                         artifact_root=str(tmp_path))
+    assert operator.job_gpus(operator.full_spec({"ti": _TI(), "run_id": "r1"})) == gpus
 
 
 def test_train_operator_bad_config_fails_before_any_job(tmp_path):

@@ -2,10 +2,12 @@
 
 Run as ``python -m airflow_ray_ml_stages.train --spec '<json>'`` (a Ray job). The stage
 
-1. sizes the run: Train's local mode on CPU (one GPU worker on GPU) below ``scale_out_min_rows``
+1. sizes the run: GPU or CPU from the probe's answer and the size of the work
+   (:mod:`airflow_ray_ml_stages.device`), then Train's local mode below ``scale_out_min_rows``
    training rows (Ray Train's fixed start-up cost dominates at wine scale), the compute spec's
-   workers above it; a local-mode run on CPU reading the splits directly runs the same loop in
-   the job's process without Ray Train at all (no ``ray.init``, no ``ray.train`` import);
+   workers above it; a local-mode run reading the splits directly runs the same loop in the
+   job's process without Ray Train at all (no ``ray.init``, no ``ray.train`` import), on the GPU
+   given to the job where the device is the GPU;
 2. on a GPU compute spec, first checks that the workers' GPU placement can be had within
    ``gpu_placement_timeout_s``, and trains on CPU (saying so in the log and the manifest) if not;
 3. trains with ``TorchTrainer`` + ``ray.train.lightning`` or ``XGBoostTrainer`` (V2 API), reading

@@ -54,7 +54,7 @@ def _installed(module: str) -> str:
 
 def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, train_rows: int, started: float,
            preprocessor_uri: str | None, *, fit_s: float, runner: str, num_workers: int, sizing_reason: str,
-           use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
+           device_reason: str, use_gpu: bool, gpus_per_worker: float, fallback_reason: str | None) -> TrainResult:
     """Metrics, baseline and model card from what the training loop wrote; the stage's result."""
     config, label_mean = loop_config.config, loop_config.label_mean
     family, local_mode, data_loading = loop_config.family, num_workers == 0, loop_config.data_loading
@@ -76,7 +76,7 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
         "gpus_per_worker": gpus_per_worker, "gpu_fallback": fallback_reason is not None,
         "placement_strategy": spec.placement_strategy,
         "worker_nodes": sorted({r["node_id"] for r in worker_records if r.get("node_id")}),
-        "fallback_reason": fallback_reason, "sizing_reason": sizing_reason,
+        "fallback_reason": fallback_reason, "sizing_reason": sizing_reason, "device_reason": device_reason,
         "requested": {key: spec.compute.get(key) for key in ("use_gpu", "num_workers", "cpus_per_worker",
                                                              "gpus_per_worker", "accelerator", "reason")},
     }

@@ -13,7 +13,7 @@ import time
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS
-from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
+from airflow_ray_ml_stages.specs import TrainResult, TrainSpec
 from airflow_ray_ml_stages.stage import run_stage
 from airflow_ray_ml_stages.train.contexts import InProcessTrainContext
 from airflow_ray_ml_stages.train.failures import deterministic_errors_fail_once
@@ -21,7 +21,7 @@ from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.loops import lightning_train_loop, xgboost_train_loop
 from airflow_ray_ml_stages.train.finish import finish
 from airflow_ray_ml_stages.train.run_dir import run_name, storage_path
-from airflow_ray_ml_stages.train.sizing import gpu_placement_available, plan_workers
+from airflow_ray_ml_stages.train.sizing import gpu_placement_available, job_holds_gpu, plan_training
 from airflow_ray_ml_stages.train.splits import SPLITS, ParquetSplit, label_stats, scaler_plan
 
 log = logging.getLogger("airflow_ray_ml_stages.train")
@@ -32,40 +32,46 @@ def run_training(spec: TrainSpec) -> TrainResult:
     started = time.monotonic()
     config = spec.resolved_config()
     family = config["family"]
-    compute = ComputeSpec.from_dict(spec.compute)
     columns = [*spec.feature_columns, spec.label_column]
     train_rows, label_mean, label_std, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
     other_rows = sum(ParquetSplit(uri, columns).num_rows for uri in (spec.validation_uri, spec.test_uri))
-    num_workers, sizing_reason = plan_workers(spec, compute, train_rows, (train_rows + other_rows) * len(columns) * 8)
+    plan = plan_training(spec, train_rows, other_rows)
+    compute, num_workers, sizing_reason, device_reason = (plan.compute, plan.num_workers, plan.sizing_reason,
+                                                          plan.device.reason)
+    log.info("device: %s", device_reason)
     log.info("right-sizing: %s", sizing_reason)
     affine, preprocessor_uri = scaler_plan(spec.preprocessor_uri, spec.preprocessor_variants, spec.scaler,
                                            spec.feature_columns)
     if affine:
         log.info("scaler %r: features mapped from the written splits with the variant %s", spec.scaler, preprocessor_uri)
-    data_loading = spec.data_loading
-    if data_loading == "auto":
-        data_loading = "ray_data" if num_workers and train_rows >= spec.scale_out_min_rows else "direct"
+    data_loading = plan.data_loading
     model_dir = artifacts.join(spec.artifact_dir, spec.model_subdir)
     uris = dict(zip(SPLITS, (spec.train_uri, spec.validation_uri, spec.test_uri)))
-    if num_workers == 0 and not compute.use_gpu and data_loading == "direct":
+    in_process_gpu = plan.in_process and compute.use_gpu and job_holds_gpu()
+    if plan.in_process and compute.use_gpu and not in_process_gpu:
+        log.info("the job's process was given no GPU (RayTrainOperator submits it with entrypoint_num_gpus): "
+                 "training on one Ray Train GPU worker instead")
+    if plan.in_process and (in_process_gpu or not compute.use_gpu):
         # Train's local mode runs the loop in this process anyway: run it without Ray Train, so
         # the job neither connects to Ray nor imports Ray Train (most of a wine-scale run's time).
+        # On GPU the job was given the GPU when it was submitted, so no worker needs to hold one.
         artifacts.makedirs(model_dir)
         loop_config = TrainLoopConfig(
             config=config, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
-            label_mean=label_mean, label_std=label_std, seed=spec.seed, use_gpu=False, local_mode=True,
+            label_mean=label_mean, label_std=label_std, seed=spec.seed, use_gpu=in_process_gpu, local_mode=True,
             threads=max(1, int(compute.cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
             artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
             feature_affine=affine, class_priors=class_priors,
         )
-        log.info("training %s on CPU in the job's process (Train's local mode without Ray Train), data: direct",
-                 family)
+        log.info("training %s on %s in the job's process (Train's local mode without Ray Train), data: direct",
+                 family, "GPU" if in_process_gpu else "CPU")
         fit_started = time.monotonic()
         loop = lightning_train_loop if family == "lightning" else xgboost_train_loop
         loop(loop_config, InProcessTrainContext())
         return finish(spec, compute, loop_config, train_rows, started, preprocessor_uri,
                        fit_s=time.monotonic() - fit_started, runner="in_process", num_workers=0,
-                       sizing_reason=sizing_reason, use_gpu=False, gpus_per_worker=0, fallback_reason=None)
+                       sizing_reason=sizing_reason, device_reason=device_reason, use_gpu=in_process_gpu,
+                       gpus_per_worker=compute.gpus_per_worker if in_process_gpu else 0, fallback_reason=None)
     import ray
     import ray.data
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
@@ -81,7 +87,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         workers = max(1, num_workers)
         waited = time.monotonic()
         if gpu_placement_available(workers, cpus_per_worker, gpus_per_worker, spec.gpu_placement_timeout_s):
-            num_workers = workers  # local mode has no GPU of its own: GPU training runs in workers
+            num_workers = workers  # Train's local mode holds no GPU: a job given none trains on a GPU worker
         else:
             use_gpu, gpus_per_worker = False, 0
             fallback_reason = (
@@ -141,8 +147,8 @@ def run_training(spec: TrainSpec) -> TrainResult:
     trainer.fit()
     return finish(spec, compute, loop_config, train_rows, started, preprocessor_uri,
                    fit_s=time.monotonic() - fit_started, runner="ray_train", num_workers=num_workers,
-                   sizing_reason=sizing_reason, use_gpu=use_gpu, gpus_per_worker=gpus_per_worker,
-                   fallback_reason=fallback_reason)
+                   sizing_reason=sizing_reason, device_reason=device_reason, use_gpu=use_gpu,
+                   gpus_per_worker=gpus_per_worker, fallback_reason=fallback_reason)
 
 
 def main(argv: list[str] | None = None) -> int:
