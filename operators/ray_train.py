@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ray_ml.stage import PREPROCESSED_FIELDS, StageOperator
+from airflow_ray_ml_stages.capacity import ResourceRequest
 from airflow_ray_ml_stages.specs import TrainSpec
 
 if TYPE_CHECKING:
@@ -41,6 +42,16 @@ class RayTrainOperator(StageOperator):
 
     def build_spec(self, context: Context) -> dict[str, Any]:
         return {**super().build_spec(context), **self.preprocessed(self.data, self.derived_fields)}
+
+    def resource_requests(self, spec: dict[str, Any] | None) -> list[ResourceRequest]:
+        """The Ray Train workers ``num_workers`` asks for (CPUs only: without its GPUs a worker trains on CPU)."""
+        requests = super().resource_requests(spec)
+        workers = (spec or {}).get("num_workers")
+        if workers:
+            cpus = float((spec.get("compute") or {}).get("cpus_per_worker") or 1)
+            requests.append(ResourceRequest(what="training worker", count=int(workers), cpus=cpus,
+                                            setting="num_workers (the train_workers Param)"))
+        return requests
 
     def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> dict[str, Any]:
         manifest = super().finish(submission_id, artifact_dir, log_offset)

@@ -41,3 +41,5 @@ train_gpu_fallback = _train_dag(
 # Whatever GPU the cluster has (the gpu-marked test points ray_gpu at a cluster with a real one).
 # The probe decides (a real CUDA smoke test) and training takes its compute spec.
 train_gpu = _train_dag("train_gpu", probe=True, ray_conn_id="ray_gpu", gpu_placement_timeout_s=30)
+# Far more workers than the tests' 2-CPU cluster has CPUs: refused before any job (retries unused).
+train_too_many_workers = _train_dag("train_too_many_workers", num_workers=500, retries=2)
