@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.constants import JOB_ENV_VARS
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.capacity import (
     TRIALS_PER_GPU, Capacity, TrialPlan, describe, fixes, live_capacity, plan_trials, trial_threads, waiting_reason,
 )
@@ -54,7 +54,6 @@ TUNE_RUNS_DIR = "tune_runs"
 LEADERBOARD_JSON = "leaderboard.json"
 LEADERBOARD_CSV = "leaderboard.csv"
 PLOT = "leaderboard.png"
-WAITING_JSON = "waiting.json"  # while trials wait for resources: why (the Ray ML page reads it)
 COMPLETED, EARLY_STOPPED, FAILED = "COMPLETED", "EARLY_STOPPED", "FAILED"
 
 
@@ -349,7 +348,7 @@ class TrialClock:
             self._waiting_logged = waited
             reason = self._reason()
             log.warning("no trial has started after %.0f s: %s", waited, reason)
-            artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_JSON),
+            artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_NAME),
                                         {"state": "pending", "what": "trials", "reason": reason,
                                          "since": time.time() - waited})
         if waited > self._spec.resource_wait_s:
@@ -359,7 +358,7 @@ class TrialClock:
     def _clear_waiting(self) -> None:
         if self._waiting_logged:
             self._waiting_logged = 0.0
-            artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_JSON),
+            artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_NAME),
                                         {"state": "running", "what": "trials", "reason": "", "since": time.time()})
 
     def most_at_once(self) -> int:
@@ -488,10 +487,12 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     )
 
 
-def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: float, clock: TrialClock | None = None):
+def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: float,
+                 trial_clock: TrialClock | None = None):
     """One leaderboard row per trial from Tune's results and the trial's own directory.
 
-    ``started_at`` and ``ended_at`` (Unix seconds) come from ``clock``, the end else from the trial's last report.
+    ``started_at`` and ``ended_at`` (Unix seconds) come from ``trial_clock``, the end else from the
+    trial's last report.
     """
     rows, histories = [], {}
     for result in results:
@@ -536,7 +537,7 @@ def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: floa
             "iterations": int(last.get("training_iteration") or 0),
             "time_s": round(float(last.get("time_total_s") or 0.0), 3), "error": error,
             "end_s": history[-1][0] if history else None,
-            **_span(clock, trial_id, history, started_wall),
+            **_span(trial_clock, trial_id, history, started_wall),
         })
     return rows, histories
 
