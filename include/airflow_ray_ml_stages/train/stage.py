@@ -13,7 +13,7 @@ import time
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.capacity import bundles_placeable, fixes, live_capacity, waiting_reason
-from airflow_ray_ml_stages.constants import JOB_ENV_VARS
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
 from airflow_ray_ml_stages.stage import run_stage
@@ -152,7 +152,16 @@ def _wait_for_workers(spec: TrainSpec, workers: int, cpus: float, gpus: float) -
     """Fail with what holds the cluster's resources when the worker group cannot be placed within
     ``resource_wait_s`` (Ray Train itself would retry its start-up for as long as the task runs)."""
     bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-    if bundles_placeable([bundle] * workers, spec.placement_strategy, spec.resource_wait_s):
+    first_look_s = min(5.0, spec.resource_wait_s)  # a free cluster places them at once
+    if bundles_placeable([bundle] * workers, spec.placement_strategy, first_look_s):
+        return
+    reason = waiting_reason(live_capacity(), what="worker", cpus=cpus, gpus=gpus)
+    log.warning("%d worker(s) waiting for resources: %s", workers, reason)
+    waiting = artifacts.join(spec.artifact_dir, WAITING_NAME)
+    artifacts.write_json_atomic(waiting, {"state": "pending", "what": "workers", "reason": reason, "since": time.time()})
+    placed = bundles_placeable([bundle] * workers, spec.placement_strategy, spec.resource_wait_s - first_look_s)
+    artifacts.write_json_atomic(waiting, {"state": "running", "what": "workers", "reason": "", "since": time.time()})
+    if placed:
         return
     reason = waiting_reason(live_capacity(), what="worker", cpus=cpus, gpus=gpus)
     raise ResourcesUnavailableError(
