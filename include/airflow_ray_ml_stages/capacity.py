@@ -44,6 +44,8 @@ class Capacity:
     """A cluster's CPUs and GPUs: in total, free now, each alive node's totals, and who holds the rest.
 
     ``autoscaling``: an autoscaler may add nodes, so a request above the totals may still be met.
+    ``own_cpus`` and ``own_gpus``: what the job asking holds itself (its trials' or workers' placement
+    groups that were granted), left out of ``holders``.
     """
 
     total_cpus: float
@@ -53,10 +55,13 @@ class Capacity:
     nodes: tuple[dict[str, float], ...] = ()
     holders: tuple[Holder, ...] = ()
     autoscaling: bool = False
+    own_cpus: float = 0.0
+    own_gpus: float = 0.0
 
     @classmethod
     def of_nodes(cls, nodes: Iterable[dict[str, Any]], *, available: dict[str, float] | None = None,
-                 holders: Iterable[Holder] = (), autoscaling: bool = False) -> "Capacity":
+                 holders: Iterable[Holder] = (), autoscaling: bool = False,
+                 own: tuple[float, float] = (0.0, 0.0)) -> "Capacity":
         """From the State API's alive nodes (``resources_total``) and the cluster's available resources."""
         totals = [node.get("resources_total") or {} for node in nodes if node.get("state", "ALIVE") == "ALIVE"]
         total_cpus = sum(float(t.get("CPU", 0)) for t in totals)
@@ -66,7 +71,7 @@ class Capacity:
                    free_cpus=float(available.get("CPU", 0)), free_gpus=float(available.get("GPU", 0)),
                    nodes=tuple({name: float(amount) for name, amount in t.items()
                                 if isinstance(amount, (int, float))} for t in totals),
-                   holders=tuple(holders), autoscaling=autoscaling)
+                   holders=tuple(holders), autoscaling=autoscaling, own_cpus=own[0], own_gpus=own[1])
 
 
 def _resources_of(resources: dict[str, Any] | None) -> tuple[float, float]:
@@ -280,10 +285,13 @@ def live_capacity() -> Capacity:
             if job.get("job_id"):
                 names[job["job_id"]] = job.get("submission_id") or job["job_id"]
         holders = holders_of(actors, groups, names, own_job_id=own_job)
+        own = [_resources_of(bundle.get("unit_resources")) for group in groups
+               if group.get("creator_job_id") == own_job for bundle in group.get("bundles") or []]
     except Exception:  # the State API is an explanation, not a condition: sizing goes on without it
-        holders = []
+        holders, own = [], []
     nodes = [{"state": "ALIVE", "resources_total": node.get("Resources", {})} for node in ray.nodes() if node.get("Alive")]
-    return Capacity.of_nodes(nodes, available=ray.available_resources(), holders=holders)
+    return Capacity.of_nodes(nodes, available=ray.available_resources(), holders=holders,
+                             own=(sum(cpus for cpus, _ in own), sum(gpus for _, gpus in own)))
 
 
 def bundles_placeable(bundles: list[dict[str, float]], strategy: str, timeout_s: float) -> bool:

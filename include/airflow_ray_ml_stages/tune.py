@@ -306,24 +306,29 @@ class TrialClock:
     """When each trial started and ended (wall time), and whether the search may still wait for its first.
 
     Both a Tune callback (trial starts and ends) and a stopper: the search ends once
-    ``resource_wait_s`` has passed with no trial started, and while trials wait the reason is in
-    the task log and in ``waiting.json`` beside the manifest (the Ray ML page shows it).
+    ``resource_wait_s`` has passed with no trial started and none of its trials' resources granted
+    (a granted trial is starting, not waiting). While trials wait, the reason is in the task log
+    and in ``waiting.json`` beside the manifest (the Ray ML page shows it).
     """
 
-    def __init__(self, spec: TuneSpec, reason: Any) -> None:
+    FIRST_LOOK_S = 10.0  # a trial starts within seconds on a free cluster: look for a reason after this
+    LOOK_EVERY_S = 10.0
+
+    def __init__(self, spec: TuneSpec, plan: TrialPlan) -> None:
         from ray.tune import Callback, Stopper
 
         self.started: dict[str, float] = {}
         self.ended: dict[str, float] = {}
         self.began = time.monotonic()
         self.gave_up = False
-        self._spec, self._reason, self._waiting_logged = spec, reason, 0.0
+        self.reason = ""
+        self._spec, self._plan, self._looked, self._pending = spec, plan, 0.0, False
         clock = self
 
         class _Callback(Callback):
             def on_trial_start(self, iteration, trials, trial, **info):
                 clock.started.setdefault(trial.trial_id, time.time())
-                clock._clear_waiting()
+                clock._write_waiting("running")
 
             def on_trial_complete(self, iteration, trials, trial, **info):
                 clock.ended.setdefault(trial.trial_id, time.time())
@@ -341,25 +346,30 @@ class TrialClock:
         self.callback, self.stopper = _Callback(), _Stopper()
 
     def should_give_up(self) -> bool:
-        if self.started:
+        if self.started or self.gave_up:
+            return self.gave_up
+        now = time.monotonic()
+        if now - self.began < self.FIRST_LOOK_S or now - self._looked < self.LOOK_EVERY_S:
             return False
-        waited = time.monotonic() - self.began
-        if waited > 10 and waited - self._waiting_logged > 30:  # a start takes seconds: say why after 10
-            self._waiting_logged = waited
-            reason = self._reason()
-            log.warning("no trial has started after %.0f s: %s", waited, reason)
-            artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_NAME),
-                                        {"state": "pending", "what": "trials", "reason": reason,
-                                         "since": time.time() - waited})
-        if waited > self._spec.resource_wait_s:
+        self._looked = now
+        capacity = live_capacity()
+        if capacity.own_cpus or capacity.own_gpus:
+            return False
+        self.reason = waiting_reason(capacity, what="trial", cpus=self._plan.cpus, gpus=self._plan.gpus)
+        if now - self.began > self._spec.resource_wait_s:
             self.gave_up = True
-        return self.gave_up
+            return True
+        log.warning("no trial has started after %.0f s: %s", now - self.began, self.reason)
+        self._write_waiting("pending")
+        return False
 
-    def _clear_waiting(self) -> None:
-        if self._waiting_logged:
-            self._waiting_logged = 0.0
-            artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_NAME),
-                                        {"state": "running", "what": "trials", "reason": "", "since": time.time()})
+    def _write_waiting(self, state: str) -> None:
+        if state == "running" and not self._pending:
+            return
+        self._pending = state == "pending"
+        artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_NAME),
+                                    {"state": state, "what": "trials", "reason": self.reason if self._pending else "",
+                                     "since": time.time()})
 
     def most_at_once(self) -> int:
         """The largest number of trials that ran at the same time."""
@@ -422,7 +432,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     log.info("tuning: %d sample(s), searcher %s, scheduler %s, %s per trial, at most %s at once, %d training rows; "
              "run %s", spec.num_samples, spec.searcher, spec.scheduler, resources,
              plan.max_concurrent, train_rows, name)
-    clock = TrialClock(spec, lambda: waiting_reason(live_capacity(), what="trial", cpus=plan.cpus, gpus=plan.gpus))
+    clock = TrialClock(spec, plan)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(run_trial, base=base), resources),
         param_space=space.to_ray(spec.start_points()),
@@ -439,9 +449,8 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     )
     results = tuner.fit()
     if clock.gave_up:
-        reason = waiting_reason(live_capacity(), what="trial", cpus=plan.cpus, gpus=plan.gpus)
         raise ResourcesUnavailableError(
-            f"no trial could start within resource_wait_s={spec.resource_wait_s:g} s: {reason}. Fix: "
+            f"no trial could start within resource_wait_s={spec.resource_wait_s:g} s: {clock.reason}. Fix: "
             f"{fixes('cpus_per_trial')}"
         )
     rows, histories = collect_rows(results, space, spec, started_wall, clock)
