@@ -247,6 +247,18 @@ def plan_trials(capacity: Capacity, *, threads: int, gpus: float, headroom: floa
     return TrialPlan(cpus=cpus, gpus=gpus, threads=threads, max_concurrent=at_once, reason=f"{why}; {how}")
 
 
+def fit_workers(capacity: Capacity, workers: int, cpus: float) -> tuple[float, str | None]:
+    """Each worker's CPUs: ``cpus`` while the free CPUs hold them all, else an equal share of what is
+    free (at least ``MIN_TRIAL_CPUS``; the worker keeps its threads), and why it was cut."""
+    if workers * cpus <= capacity.free_cpus + 1e-9:
+        return cpus, None
+    share = max(MIN_TRIAL_CPUS, _floor(capacity.free_cpus / workers))
+    if share >= cpus:
+        return cpus, None
+    return share, (f"{workers} worker(s) x {_number(cpus)} CPU do not fit the {_number(capacity.free_cpus)} CPU free "
+                   f"({describe(capacity)}): {_number(share)} CPU each")
+
+
 def waiting_reason(capacity: Capacity, *, what: str, cpus: float, gpus: float = 0.0) -> str:
     """Why a trial or worker cannot start: what holds the resources and what each needs."""
     need = f"each {what} needs {_number(cpus)} CPU" + (f" + {_number(gpus)} GPU" if gpus else "")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_ray_ml_stages.capacity import (
-    Capacity, Holder, ResourceRequest, check_request, describe, holders_of, plan_trials, trial_threads, waiting_reason,
+    Capacity, Holder, ResourceRequest, check_request, describe, fit_workers, holders_of, plan_trials, trial_threads,
+    waiting_reason,
 )
 from airflow_ray_ml_stages.probe import cpu_headroom
 from airflow_ray_ml_stages.tune import most_at_once
@@ -116,3 +117,10 @@ def test_most_at_once_counts_overlapping_spans_and_not_touching_ones():
     assert most_at_once([(0, 1), (1, 2), (2, 3)]) == 1
     assert most_at_once([(0, None), (5, 6)]) == 2
     assert most_at_once([]) == 0
+
+
+def test_fit_workers_keeps_their_cpus_while_free_and_shares_what_is_free_otherwise():
+    assert fit_workers(_capacity(8, 8), 2, 3.0) == (3.0, None)
+    cpus, why = fit_workers(_capacity(2, 0.75, (Holder("serve", "a", 1.25),)), 1, 1.0)
+    assert cpus == 0.75 and why.startswith("1 worker(s) x 1 CPU do not fit the 0.75 CPU free (1.25 CPU held by Serve app a")
+    assert fit_workers(_capacity(2, 0.0), 2, 1.0)[0] == 0.05

@@ -12,7 +12,7 @@ import os
 import time
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.capacity import bundles_placeable, fixes, live_capacity, waiting_reason
+from airflow_ray_ml_stages.capacity import bundles_placeable, fit_workers, fixes, live_capacity, waiting_reason
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
@@ -93,6 +93,9 @@ def run_training(spec: TrainSpec) -> TrainResult:
             log.warning("GPU fallback: %s", fallback_reason)
     local_mode = num_workers == 0
     if not local_mode:
+        cpus_per_worker, cut = fit_workers(live_capacity(), num_workers, cpus_per_worker)
+        if cut:
+            log.info("worker CPUs sized to what is free: %s", cut)
         _wait_for_workers(spec, num_workers, cpus_per_worker, gpus_per_worker if use_gpu else 0)
 
     artifacts.makedirs(model_dir)
