@@ -32,16 +32,16 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.capacity import (
     TRIALS_PER_GPU, Capacity, TrialPlan, describe, fixes, live_capacity, plan_trials, trial_threads, waiting_reason,
 )
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.device import choose_device
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
-from airflow_ray_ml_stages.probe import cpu_headroom
 from airflow_ray_ml_stages.models import PREPROCESSOR
+from airflow_ray_ml_stages.probe import cpu_headroom
 from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
