@@ -308,8 +308,9 @@ class RayJobOperator(BaseOperator):
         spec = self.full_spec(context) if self.stage is not None else None
         artifact_dir = spec["artifact_dir"] if spec else self.artifact_dir(context)
         self.hook.check_access()
-        self.check_resources(spec)
         decision = self.decide(context)
+        if decision.action is Action.SUBMIT:  # a job already running or done is followed as it is
+            self.check_resources(spec)
         self._record_job(context, decision.submission_id)
         self.log.info("Ray job %s: %s; dashboard: %s", decision.submission_id, decision.action.value,
                       job_page_url(self.hook.dashboard_url, decision.submission_id))
