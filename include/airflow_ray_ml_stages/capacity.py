@@ -16,8 +16,8 @@ import dataclasses
 import math
 from typing import Any, Iterable
 
-MIN_TRIAL_CPUS = 0.05
-"""The smallest CPU share a trial reserves where the cluster is small or busy: below it nothing runs."""
+MIN_CPU_SHARE = 0.05
+"""The smallest CPU share a trial or a Ray Train worker reserves where the cluster is small or busy."""
 
 CELLS_PER_THREAD = 1_000_000
 """Training rows x features that one thread handles: a trial takes one more thread per this many cells
@@ -222,7 +222,7 @@ def plan_trials(capacity: Capacity, *, threads: int, gpus: float, headroom: floa
 
     A trial reserves the CPUs of its threads while the free CPUs, less ``headroom`` (Ray Data's),
     hold two such trials; on a smaller or busier cluster two trials share what is free in
-    fractions (at least ``MIN_TRIAL_CPUS`` each; their threads still run). As many trials run at
+    fractions (at least ``MIN_CPU_SHARE`` each; their threads still run). As many trials run at
     once as the free CPUs (less the headroom, where it leaves room for two) and GPUs hold.
     ``cpus_per_trial`` and ``max_concurrent`` given in the spec win.
     """
@@ -233,7 +233,7 @@ def plan_trials(capacity: Capacity, *, threads: int, gpus: float, headroom: floa
         cpus, why = float(threads), (f"{threads} thread(s) per trial from the data's size, {_number(free)} CPU free "
                                      f"less {_number(headroom)} kept for Ray Data")
     else:
-        cpus = max(MIN_TRIAL_CPUS, min(float(threads), _floor(free / 2)))
+        cpus = max(MIN_CPU_SHARE, min(float(threads), _floor(free / 2)))
         why = (f"a small or busy cluster ({_number(free)} of {_number(capacity.total_cpus)} CPU free): two trials "
                f"share what is free, {_number(cpus)} CPU each, {threads} thread(s)")
     if max_concurrent is not None:
@@ -249,10 +249,10 @@ def plan_trials(capacity: Capacity, *, threads: int, gpus: float, headroom: floa
 
 def fit_workers(capacity: Capacity, workers: int, cpus: float) -> tuple[float, str | None]:
     """Each worker's CPUs: ``cpus`` while the free CPUs hold them all, else an equal share of what is
-    free (at least ``MIN_TRIAL_CPUS``; the worker keeps its threads), and why it was cut."""
+    free (at least ``MIN_CPU_SHARE``; the worker keeps its threads), and why it was cut."""
     if workers * cpus <= capacity.free_cpus + 1e-9:
         return cpus, None
-    share = max(MIN_TRIAL_CPUS, _floor(capacity.free_cpus / workers))
+    share = max(MIN_CPU_SHARE, _floor(capacity.free_cpus / workers))
     if share >= cpus:
         return cpus, None
     return share, (f"{workers} worker(s) x {_number(cpus)} CPU do not fit the {_number(capacity.free_cpus)} CPU free "
