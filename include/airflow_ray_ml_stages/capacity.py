@@ -168,9 +168,9 @@ def check_request(capacity: Capacity, request: ResourceRequest) -> str | None:
     """Why ``request`` can never run on this cluster, with the numbers; None if it can.
 
     Each bundle must fit on one node, and all of them on the cluster at once. An autoscaling
-    cluster may add nodes, so only a static one is judged.
+    cluster may add nodes, so only a static one is judged (and one whose nodes were listed).
     """
-    if capacity.autoscaling:
+    if capacity.autoscaling or not capacity.nodes:
         return None
     bundle = {name: float(amount) for name, amount in request.bundle().items() if amount}
     problem = None

@@ -107,9 +107,10 @@ def test_check_request_far_above_a_static_cluster_names_the_numbers_and_the_sett
     assert check_request(capacity, ResourceRequest("training worker", 2, 1.0, setting="num_workers")) is None
 
 
-def test_check_request_on_an_autoscaling_cluster_leaves_it_to_wait():
-    capacity = _capacity(2, 2, autoscaling=True)
-    assert check_request(capacity, ResourceRequest("training worker", 500, 1.0, setting="num_workers")) is None
+def test_check_request_on_an_autoscaling_cluster_or_without_its_nodes_leaves_it_to_wait():
+    request = ResourceRequest("training worker", 500, 1.0, setting="num_workers")
+    assert check_request(_capacity(2, 2, autoscaling=True), request) is None
+    assert check_request(Capacity.of_nodes([]), request) is None
 
 
 def test_most_at_once_counts_overlapping_spans_and_not_touching_ones():
