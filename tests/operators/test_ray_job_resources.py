@@ -145,7 +145,7 @@ def test_train_workers_far_above_the_clusters_cpus_fail_in_seconds_and_leave_no_
     when = datetime(2026, 8, 1, tzinfo=timezone.utc)
     data = as_preprocess_xcom({"train_uri": "/nowhere/train", "validation_uri": "/nowhere/validation",
                                "test_uri": "/nowhere/test", "feature_columns": ["a"], "label_column": "y",
-                               "preprocessor_uri": None, "data_fingerprint": ""})
+                               "preprocessor_uri": "/nowhere/preprocessor.json", "data_fingerprint": ""})
     started = time.monotonic()
     with structlog.testing.capture_logs(processors=[structlog.processors.format_exc_info]) as records:
         dag_run = load_dag("train_too_many_workers").test(
