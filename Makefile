@@ -1,7 +1,7 @@
 # The two commands: `make run` (the wine pipeline on the embedded local stack) and `make test`.
 # `make run SOURCE=rent.csv LABEL=rent` runs it on your table (served at /rent; APP= names it
 # otherwise; TASK=classification predicts the label's classes); `CONF='{"num_trials": 8}'` sets any
-# other Params.
+# other Params; `RAY_CPUS=4 RAY_GPUS=0` sizes the local Ray head (default: what Ray detects).
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -13,6 +13,8 @@ SOURCE ?=
 LABEL ?=
 TASK ?=
 APP ?=
+RAY_CPUS ?=
+RAY_GPUS ?=
 
 .PHONY: install run stop test test-unit test-gpu clean
 
@@ -27,7 +29,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python scripts/stack.py up
+	$(BIN)/python scripts/stack.py up --ray-cpus '$(RAY_CPUS)' --ray-gpus '$(RAY_GPUS)'
 	$(BIN)/python scripts/stack.py trigger --conf '$(CONF)' --source '$(SOURCE)' --label '$(LABEL)' --task '$(TASK)' --app '$(APP)'
 
 stop:

@@ -51,3 +51,8 @@ class ServeModelRejectedError(ServeDeployError, AirflowFailException):
 class ServeAppOwnershipError(RayOperatorError, AirflowFailException):
     """The Serve application belongs to another DAG (or to no deploy of this operator): fail at once,
     before anything is changed; retrying cannot help."""
+
+
+class RayResourcesError(RayOperatorError, AirflowFailException):
+    """The request can never run on the cluster (more workers, CPUs or GPUs than it has and can get):
+    fail at once, before any job is submitted; retrying cannot help."""

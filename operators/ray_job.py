@@ -28,12 +28,13 @@ from airflow.sdk.exceptions import TaskDeferralTimeout
 
 import airflow_ray_ml_stages
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.capacity import ResourceRequest, check_request
 from airflow_ray_ml_stages.constants import ARTIFACT_DIR_ENV, JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
 from airflow_ray_ml_stages.errors import RayMLError
 from airflow_ray_ml.contract import coerce_spec
 from airflow_ray_ml.errors import (
     InvalidSpecError, RayAuthError, RayClusterUnreachableError, RayJobFailedError, RayJobTimeoutError, RayManifestError,
-    RayOperatorError, RayStageError,
+    RayOperatorError, RayResourcesError, RayStageError,
 )
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.job_status import Action, Decision, RayJobStatus, attempt_id, base_submission_id, decide
@@ -253,6 +254,32 @@ class RayJobOperator(BaseOperator):
             return self.entrypoint
         return self.stage_command(spec)
 
+    def resource_requests(self, spec: dict[str, Any] | None) -> list[ResourceRequest]:
+        """What the job will ask the cluster for, to check before submitting: here the entrypoint's
+        own reservation; stage operators add their workers or trials."""
+        cpus, gpus = self.entrypoint_num_cpus or 0, self.entrypoint_num_gpus or 0
+        custom = {name: amount for name, amount in (self.entrypoint_resources or {}).items() if amount}
+        if not (cpus or gpus or custom):
+            return []
+        return [ResourceRequest(what="entrypoint", count=1, cpus=float(cpus), gpus=float(gpus), custom=custom,
+                                setting="entrypoint_num_cpus / entrypoint_num_gpus / entrypoint_resources")]
+
+    def check_resources(self, spec: dict[str, Any] | None) -> None:
+        """Fail at once when the cluster can never meet the job's requests (a static cluster's nodes);
+        what is possible but busy, or may come from an autoscaler, is left to wait."""
+        requests = self.resource_requests(spec)
+        if not requests:
+            return
+        capacity = self.hook.get_capacity()
+        for request in requests:
+            problem = check_request(capacity, request)
+            if problem:
+                raise RayResourcesError(f"task {self.task_id!r}: {problem}")
+        self.log.info("Resource check: %s fit%s the cluster (%g CPU, %g GPU%s)",
+                      ", ".join(request.summary() for request in requests), "" if len(requests) > 1 else "s",
+                      capacity.total_cpus, capacity.total_gpus,
+                      "; an autoscaler may add nodes" if capacity.autoscaling else "")
+
     def submit(self, context: Context, submission_id: str, spec: dict[str, Any] | None, artifact_dir: str) -> Decision:
         dag_id, run_id, map_index = self._run_keys(context)
         resources = {"entrypoint_num_cpus": self.entrypoint_num_cpus, "entrypoint_num_gpus": self.entrypoint_num_gpus,
@@ -282,6 +309,8 @@ class RayJobOperator(BaseOperator):
         artifact_dir = spec["artifact_dir"] if spec else self.artifact_dir(context)
         self.hook.check_access()
         decision = self.decide(context)
+        if decision.action is Action.SUBMIT:  # a job already running or done is followed as it is
+            self.check_resources(spec)
         self._record_job(context, decision.submission_id)
         self.log.info("Ray job %s: %s; dashboard: %s", decision.submission_id, decision.action.value,
                       job_page_url(self.hook.dashboard_url, decision.submission_id))

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ray_ml.contract import coerce_value
 from airflow_ray_ml.stage import PREPROCESSED_FIELDS, StageOperator
+from airflow_ray_ml_stages.capacity import ResourceRequest
 from airflow_ray_ml_stages.specs import TrainSpec
 from airflow_ray_ml_stages.train.sizing import plan_training
 
@@ -88,6 +89,16 @@ class RayTrainOperator(StageOperator):
         """GPUs the cluster's alive nodes advertise in total."""
         return float(sum(node["total"].get("GPU", 0) for node in self.hook.get_cluster_resources().values()
                          if node.get("state") == "ALIVE"))
+
+    def resource_requests(self, spec: dict[str, Any] | None) -> list[ResourceRequest]:
+        """The Ray Train workers ``num_workers`` asks for (CPUs only: without its GPUs a worker trains on CPU)."""
+        requests = super().resource_requests(spec)
+        workers = (spec or {}).get("num_workers")
+        if workers:
+            cpus = float((spec.get("compute") or {}).get("cpus_per_worker") or 1)
+            requests.append(ResourceRequest(what="training worker", count=int(workers), cpus=cpus,
+                                            setting="num_workers (the train_workers Param)"))
+        return requests
 
     def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> dict[str, Any]:
         manifest = super().finish(submission_id, artifact_dir, log_offset)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ray_ml.stage import StageOperator
+from airflow_ray_ml_stages.capacity import ResourceRequest
 from airflow_ray_ml_stages.specs import TuneSpec
 
 if TYPE_CHECKING:
@@ -45,6 +46,14 @@ class RayTuneOperator(StageOperator):
     def build_spec(self, context: Context) -> dict[str, Any]:
         return {**super().build_spec(context), **self.preprocessed(self.data, self.derived_fields)}
 
+    def resource_requests(self, spec: dict[str, Any] | None) -> list[ResourceRequest]:
+        """One trial of ``cpus_per_trial`` CPUs, where set (the stage sizes trials to the cluster otherwise)."""
+        requests = super().resource_requests(spec)
+        if (spec or {}).get("cpus_per_trial"):
+            requests.append(ResourceRequest(what="trial", count=1, cpus=float(spec["cpus_per_trial"]),
+                                            setting="cpus_per_trial"))
+        return requests
+
     def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> dict[str, Any]:
         manifest = super().finish(submission_id, artifact_dir, log_offset)
         trials = manifest["trials"]
@@ -56,4 +65,6 @@ class RayTuneOperator(StageOperator):
             trials["completed"], trials["early_stopped"], trials["failed"], manifest["time_s"], manifest["searcher"],
             manifest["scheduler"], manifest["leaderboard_csv_uri"],
         )
+        self.log.info("Trials: %s per trial, at most %d ran at once (%s)", manifest.get("resources_per_trial"),
+                      manifest.get("most_trials_at_once", 0), manifest.get("trial_sizing", ""))
         return manifest

@@ -99,12 +99,30 @@ def _wait_http(url: str, timeout_s: float, what: str, pid_file: Path) -> None:
     raise SystemExit(f"{what} did not answer at {url} within {timeout_s:.0f} s; see {RUN_DIR}")
 
 
-def up() -> None:
+def cluster_size(cpus: str, gpus: str) -> list[str]:
+    """``make run RAY_CPUS= RAY_GPUS=`` as the local head's arguments (empty: what Ray detects)."""
+    size = []
+    for name, value, flag in (("RAY_CPUS", cpus, "--num-cpus"), ("RAY_GPUS", gpus, "--num-gpus")):
+        value = value.strip()
+        if not value:
+            continue
+        if not value.isdigit() or (name == "RAY_CPUS" and int(value) == 0):
+            raise SystemExit(f"{name}={value!r}: give the number of {name[4:]}s the local Ray head advertises, a whole "
+                             f"number{' of at least 1' if name == 'RAY_CPUS' else ''}, or leave it empty for what Ray "
+                             "detects")
+        size += [flag, value]
+    return size
+
+
+def up(size: list[str] | None = None) -> None:
     RUN_DIR.mkdir(exist_ok=True)
     (ROOT / "artifacts").mkdir(exist_ok=True)
+    if size and _alive(RAY_PID_FILE):
+        print("RAY_CPUS and RAY_GPUS take effect when the local Ray cluster starts: it is already running, so "
+              "`make stop` first to change its size")
     code = localcluster.main([
         "start", "--pid-file", str(RAY_PID_FILE),
-        "--dashboard-port", str(RAY_DASHBOARD_PORT), "--token-file", str(TOKEN_FILE),
+        "--dashboard-port", str(RAY_DASHBOARD_PORT), "--token-file", str(TOKEN_FILE), *(size or []),
     ])
     if code:
         raise SystemExit(code)
@@ -467,9 +485,11 @@ def main() -> int:
     parser.add_argument("--app", default="",
                         help="the Serve application and route (/APP); default: the label's name")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--ray-cpus", default="", help="CPUs the local Ray head advertises (default: what Ray detects)")
+    parser.add_argument("--ray-gpus", default="", help="GPUs the local Ray head advertises (default: what Ray detects)")
     args = parser.parse_args()
     if args.command == "up":
-        up()
+        up(cluster_size(args.ray_cpus, args.ray_gpus))
     elif args.command == "down":
         down()
     else:

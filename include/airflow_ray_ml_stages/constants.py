@@ -7,6 +7,11 @@ MANIFEST_LOG_MARKER = "RAYML_MANIFEST "
 """Prefix of the job log line that repeats the manifest, for clusters whose artifact root the
 Airflow worker cannot read."""
 
+WAITING_NAME = "waiting.json"
+"""File a stage writes beside its manifest while its trials or workers wait for the cluster's
+resources: ``{"state": "pending" or "running", "what", "reason", "since"}``. The Ray ML page shows a
+running job whose file says ``pending`` as pending, with the reason."""
+
 STATUS_SUCCEEDED = "succeeded"
 STATUS_FAILED = "failed"
 

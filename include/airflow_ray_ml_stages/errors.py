@@ -38,3 +38,11 @@ class TrainingError(RayMLError, RuntimeError):
 
 class TuneError(RayMLError, RuntimeError):
     """A search ended without any trial that completed."""
+
+
+class ResourcesUnavailableError(RayMLError, RuntimeError):
+    """Trials or training workers could not start within the spec's ``resource_wait_s``.
+
+    The message names what holds the cluster's resources and the fixes. Not retryable: another try
+    would wait for the same holders.
+    """

@@ -397,6 +397,9 @@ class TrainSpec(StageSpec):
         Train worker fed by Ray Data, which on one node only adds their start-up.
     :param gpu_placement_timeout_s: how long to wait for the GPU workers' placement before
         training on CPU instead.
+    :param resource_wait_s: how long Ray Train workers may wait for their CPUs before the stage
+        fails naming what holds them (Serve applications, other jobs); on an autoscaling cluster,
+        allow for a new node's start-up.
     :param max_failures: worker failures Ray Train recovers from (from the last checkpoint).
     :param checkpoint_every: checkpoint (and report) every N epochs (lightning) or rounds (xgboost);
         0: every epoch, or every tenth of the rounds.
@@ -427,6 +430,7 @@ class TrainSpec(StageSpec):
     scale_out_min_rows: int = 200_000
     direct_max_bytes: int = 2 * 1024**3
     gpu_placement_timeout_s: float = 60.0
+    resource_wait_s: float = 120.0
     max_failures: int = 2
     checkpoint_every: int = 0
     data_loading: str = "auto"
@@ -471,6 +475,7 @@ class TrainSpec(StageSpec):
         value = self.gpu_placement_timeout_s
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise SpecError(f"TrainSpec.gpu_placement_timeout_s must be a number of seconds >= 0, got {value!r}")
+        _require_seconds("TrainSpec", "resource_wait_s", self.resource_wait_s)
 
     @property
     def family(self) -> str:
@@ -613,8 +618,12 @@ class TuneSpec(StageSpec):
         ``[]``: none. With ``searcher`` ``optuna`` it must be None or ``[]``.
     :param scheduler: ``asha`` (early stopping of poor trials) or ``none`` (every trial runs to its end).
     :param num_samples: trials to run (times the grid's size, where the space has grid domains).
-    :param max_concurrent_trials: trials at once; None: as many as the per-trial resources fit.
-    :param cpus_per_trial: CPUs each trial reserves; None: the compute spec's ``cpus_per_worker``.
+    :param max_concurrent_trials: trials at once; None: as many as the CPUs free when the search
+        starts hold, less Ray Data's headroom (see ``cpus_per_trial``).
+    :param cpus_per_trial: CPUs each trial reserves; None: sized to the model and the cluster: one
+        thread per million training cells (rows x features, up to the compute spec's
+        ``cpus_per_worker``) while the free CPUs hold two such trials beside Ray Data's headroom,
+        else two trials share the free CPUs in fractions.
     :param compute: the GPU probe's compute spec; a GPU spec gives each trial ``gpus_per_worker``.
     :param accelerator: ``auto``: GPU or CPU from the probe's answer and the size of the work
         (:func:`airflow_ray_ml_stages.device.choose_device`); ``gpu``: the GPU whenever the probe
@@ -630,6 +639,9 @@ class TuneSpec(StageSpec):
         ``reuse_actors``) instead of starting a new one, which saves the actor's start-up and its
         torch/xgboost imports per trial; each trial still trains in a trial actor, seeded afresh.
         False: a new actor per trial.
+    :param resource_wait_s: how long the search waits for its first trial to start before it
+        fails naming what holds the cluster's resources (Serve applications, other jobs); on an
+        autoscaling cluster, allow for a new node's start-up.
     """
 
     stage: ClassVar[str] = "tune"
@@ -657,6 +669,7 @@ class TuneSpec(StageSpec):
     asha_reduction_factor: int = 3
     seed: int = 42
     reuse_actors: bool = True
+    resource_wait_s: float = 120.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -694,6 +707,7 @@ class TuneSpec(StageSpec):
         ComputeSpec.from_dict(self.compute)
         require_choice(owner, "accelerator", self.accelerator, ACCELERATOR_CHOICES)
         _require_seconds(owner, "time_budget_s", self.time_budget_s, allow_none=True)
+        _require_seconds(owner, "resource_wait_s", self.resource_wait_s)
         require_int_range(owner, "reports_per_trial", self.reports_per_trial, 1)
         require_int_range(owner, "asha_grace_period", self.asha_grace_period, 1)
         require_int_range(owner, "asha_reduction_factor", self.asha_reduction_factor, 2)
@@ -760,6 +774,9 @@ class TuneResult(JsonDataclass):
     :param trials: counts: ``total``, ``completed``, ``failed``, ``early_stopped``.
     :param searcher: ``random`` or ``optuna``; ``scheduler``: ``asha`` or ``none``.
     :param time_s: the search's wall time.
+    :param resources_per_trial: what each trial reserved (``cpu``, ``gpu``) and the ``threads`` it trained with.
+    :param trial_sizing: why the trials were sized so, and how many were let run at once.
+    :param most_trials_at_once: the largest number of trials that ran at the same time.
     """
 
     best_config: dict[str, Any]
@@ -779,3 +796,5 @@ class TuneResult(JsonDataclass):
     search_space: dict[str, Any] = dataclasses.field(default_factory=dict)
     resources_per_trial: dict[str, float] = dataclasses.field(default_factory=dict)
     data_fingerprint: str = ""
+    trial_sizing: str = ""
+    most_trials_at_once: int = 0

@@ -32,12 +32,17 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.constants import JOB_ENV_VARS
-from airflow_ray_ml_stages.errors import TuneError
+from airflow_ray_ml_stages.capacity import (
+    TRIALS_PER_GPU, Capacity, TrialPlan, describe, fixes, live_capacity, plan_trials, trial_threads, waiting_reason,
+)
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
+from airflow_ray_ml_stages.device import choose_device
+from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.preprocessor import input_types_of
+from airflow_ray_ml_stages.probe import cpu_headroom
 from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
@@ -162,6 +167,7 @@ def leaderboard_csv(rows: list[dict[str, Any]], task: str = "regression") -> str
     metric_names = [f"val_{name}" for name in TASK_METRICS[task]]
     names = sorted({name for row in rows for name in row["config"] if name not in ("family", "scaler")})
     header = ["rank", "trial_id", "status", "family", "scaler", *metric_names, "iterations", "time_s",
+              "started_at", "ended_at",
               *(f"config.{name}" for name in names), "error"]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -171,6 +177,7 @@ def leaderboard_csv(rows: list[dict[str, Any]], task: str = "regression") -> str
         writer.writerow([row["rank"], row["trial_id"], row["status"], row["family"], row["scaler"] or "",
                          *("" if metrics.get(m) is None else repr(metrics[m]) for m in metric_names),
                          row["iterations"], row["time_s"],
+                         *("" if row.get(key) is None else row[key] for key in ("started_at", "ended_at")),
                          *("" if name not in row["config"] else _cell(row["config"][name]) for name in names),
                          row["error"] or ""])
     return buffer.getvalue()
@@ -281,20 +288,110 @@ def _scheduler(spec: TuneSpec):
                          grace_period=spec.asha_grace_period, reduction_factor=spec.asha_reduction_factor)
 
 
-def _resources(spec: TuneSpec, compute: ComputeSpec) -> tuple[dict[str, float], str | None]:
-    """Per-trial resources from the compute spec; CPU when the cluster has no GPU to give (and why)."""
-    import ray
+def _plan(spec: TuneSpec, compute: ComputeSpec, capacity: Capacity, train_rows: int
+          ) -> tuple[TrialPlan, str | None]:
+    """Each trial's resources and how many run at once; CPU when the cluster has no GPU to give (and why)."""
+    space = spec.space()
+    threads = trial_threads(train_rows, len(spec.feature_columns), compute.cpus_per_worker)
+    choices = [choose_device(compute, family=family, rows=train_rows, features=len(spec.feature_columns),
+                             iterations=space.max_budget(family), accelerator=spec.accelerator)
+               for family in space.families]
+    gpus, fallback = 0.0, None
+    if any(choice.use_gpu for choice in choices):
+        # the search's models are small: several trials share one GPU
+        gpus = float(compute.gpus_per_worker) / TRIALS_PER_GPU
+        if capacity.total_gpus < gpus:
+            gpus, fallback = 0.0, (
+                f"the compute spec asks for a GPU but the cluster has {capacity.total_gpus:g}; tuning on CPU instead"
+            )
+    plan = plan_trials(capacity, threads=threads, gpus=gpus, headroom=cpu_headroom(capacity.total_cpus),
+                       cpus_per_trial=spec.cpus_per_trial, max_concurrent=spec.max_concurrent_trials)
+    return plan, fallback
 
-    cpus = float(spec.cpus_per_trial or compute.cpus_per_worker)
-    if not compute.use_gpu:
-        return {"cpu": cpus, "gpu": 0.0}, None
-    available = ray.cluster_resources().get("GPU", 0)
-    if available < compute.gpus_per_worker:
-        return {"cpu": cpus, "gpu": 0.0}, (
-            f"the compute spec asks for {compute.gpus_per_worker:g} GPU per trial but the cluster has {available:g}; "
-            "tuning on CPU instead"
-        )
-    return {"cpu": cpus, "gpu": float(compute.gpus_per_worker)}, None
+
+class TrialClock:
+    """When each trial started and ended (wall time), and whether the search may still wait for its first.
+
+    Both a Tune callback (trial starts and ends) and a stopper: the search ends once
+    ``resource_wait_s`` has passed with no trial started and none of its trials' resources granted
+    (a granted trial is starting, not waiting). While trials wait, the reason is in the task log
+    and in ``waiting.json`` beside the manifest (the Ray ML page shows it).
+    """
+
+    FIRST_LOOK_S = 10.0  # a trial starts within seconds on a free cluster: look for a reason after this
+    LOOK_EVERY_S = 10.0
+
+    def __init__(self, spec: TuneSpec, plan: TrialPlan) -> None:
+        from ray.tune import Callback, Stopper
+
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+        self.began = time.monotonic()
+        self.gave_up = False
+        self.reason = ""
+        self._spec, self._plan, self._looked, self._pending = spec, plan, 0.0, False
+        clock = self
+
+        class _Callback(Callback):
+            def on_trial_start(self, iteration, trials, trial, **info):
+                clock.started.setdefault(trial.trial_id, time.time())
+                clock._write_waiting("running")
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                clock.ended.setdefault(trial.trial_id, time.time())
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                clock.ended.setdefault(trial.trial_id, time.time())
+
+        class _Stopper(Stopper):
+            def __call__(self, trial_id, result):
+                return False
+
+            def stop_all(self):
+                return clock.should_give_up()
+
+        self.callback, self.stopper = _Callback(), _Stopper()
+
+    def should_give_up(self) -> bool:
+        if self.started or self.gave_up:
+            return self.gave_up
+        now = time.monotonic()
+        if now - self.began < self.FIRST_LOOK_S or now - self._looked < self.LOOK_EVERY_S:
+            return False
+        self._looked = now
+        capacity = live_capacity()
+        if capacity.own_cpus or capacity.own_gpus:
+            return False
+        self.reason = waiting_reason(capacity, what="trial", cpus=self._plan.cpus, gpus=self._plan.gpus)
+        if now - self.began > self._spec.resource_wait_s:
+            self.gave_up = True
+            return True
+        log.warning("no trial has started after %.0f s: %s", now - self.began, self.reason)
+        self._write_waiting("pending")
+        return False
+
+    def _write_waiting(self, state: str) -> None:
+        if state == "running" and not self._pending:
+            return
+        self._pending = state == "pending"
+        artifacts.write_json_atomic(artifacts.join(self._spec.artifact_dir, WAITING_NAME),
+                                    {"state": state, "what": "trials", "reason": self.reason if self._pending else "",
+                                     "since": time.time()})
+
+    def most_at_once(self) -> int:
+        """The largest number of trials that ran at the same time."""
+        return most_at_once([(start, self.ended.get(trial_id)) for trial_id, start in self.started.items()])
+
+
+def most_at_once(spans: list[tuple[float, float | None]]) -> int:
+    """The largest number of ``(start, end)`` spans that overlap (an end of None: still running)."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans if end is not None],
+                    key=lambda event: (event[0], event[1]))  # an end before a start at the same instant
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
 
 
 def run_tuning(spec: TuneSpec) -> TuneResult:
@@ -320,15 +417,20 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     missing_env = {key: value for key, value in JOB_ENV_VARS.items() if key not in os.environ}
     ray.init(address="auto", logging_level=logging.WARNING,
              runtime_env={"env_vars": missing_env} if missing_env else None)
-    resources, fallback = _resources(spec, compute)
+    capacity = live_capacity()
+    plan, fallback = _plan(spec, compute, capacity, train_rows)
+    resources = {"cpu": plan.cpus, "gpu": plan.gpus}
     if fallback:
         log.warning("GPU fallback: %s", fallback)
+    log.info("trial sizing: %s", plan.reason)
+    if capacity.holders:
+        log.info("the cluster now: %s", describe(capacity))
     base = {
         "search_space": space.raw, "artifact_dir": spec.artifact_dir, "feature_columns": list(spec.feature_columns),
         "label_column": spec.label_column, "label_mean": label_mean, "label_std": label_std,
         "class_priors": class_priors,
         "classes": spec.classes, "seed": spec.seed,
-        "use_gpu": resources["gpu"] > 0, "threads": max(1, int(resources["cpu"])),
+        "use_gpu": resources["gpu"] > 0, "threads": plan.threads,
         "reports_per_trial": spec.reports_per_trial, "scalers": scalers, "preprocessor_uri": spec.preprocessor_uri,
         "uris": {"train": spec.train_uri, "validation": spec.validation_uri},
         "data_fingerprint": spec.data_fingerprint,
@@ -336,22 +438,29 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     name = run_name(spec.artifact_dir)
     log.info("tuning: %d sample(s), searcher %s, scheduler %s, %s per trial, at most %s at once, %d training rows; "
              "run %s", spec.num_samples, spec.searcher, spec.scheduler, resources,
-             spec.max_concurrent_trials or "as resources allow", train_rows, name)
+             plan.max_concurrent, train_rows, name)
+    clock = TrialClock(spec, plan)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(run_trial, base=base), resources),
         param_space=space.to_ray(spec.start_points()),
         tune_config=tune.TuneConfig(
             metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
-            max_concurrent_trials=spec.max_concurrent_trials, search_alg=_searcher(spec),
+            max_concurrent_trials=plan.max_concurrent, search_alg=_searcher(spec),
             scheduler=_scheduler(spec), time_budget_s=spec.time_budget_s, reuse_actors=spec.reuse_actors,
         ),
         run_config=tune.RunConfig(
             name=name, storage_path=_storage_path(spec.artifact_dir), verbose=1,
             failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+            callbacks=[clock.callback], stop=clock.stopper,
         ),
     )
     results = tuner.fit()
-    rows, histories = collect_rows(results, space, spec, started_wall)
+    if clock.gave_up:
+        raise ResourcesUnavailableError(
+            f"no trial could start within resource_wait_s={spec.resource_wait_s:g} s: {clock.reason}. Fix: "
+            f"{fixes('cpus_per_trial')}"
+        )
+    rows, histories = collect_rows(results, space, spec, started_wall, clock)
     rows = sort_rows(rows, spec.metric, spec.mode)
     counts = {"total": len(rows), "completed": sum(r["status"] == COMPLETED for r in rows),
               "failed": sum(r["status"] == FAILED for r in rows),
@@ -387,13 +496,20 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
         best_checkpoint_uri=artifacts.join(trial_dir(spec.artifact_dir, best["trial_id"]), "model"),
         leaderboard_json_uri=json_uri, leaderboard_csv_uri=csv_uri, plot_uri=plot_uri, trials=counts,
         searcher=spec.searcher, scheduler=spec.scheduler, time_s=round(time.monotonic() - started, 3),
-        search_space=space.raw, resources_per_trial={**resources, "gpu_fallback_reason": fallback} if fallback else resources,
-        data_fingerprint=spec.data_fingerprint,
+        search_space=space.raw,
+        resources_per_trial={**resources, "threads": plan.threads,
+                             **({"gpu_fallback_reason": fallback} if fallback else {})},
+        data_fingerprint=spec.data_fingerprint, trial_sizing=plan.reason, most_trials_at_once=clock.most_at_once(),
     )
 
 
-def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: float):
-    """One leaderboard row per trial from Tune's results and the trial's own directory."""
+def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: float,
+                 trial_clock: TrialClock | None = None):
+    """One leaderboard row per trial from Tune's results and the trial's own directory.
+
+    ``started_at`` and ``ended_at`` (Unix seconds) come from ``trial_clock``, the end else from the
+    trial's last report.
+    """
     rows, histories = [], {}
     for result in results:
         last = result.metrics or {}
@@ -437,8 +553,19 @@ def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: floa
             "iterations": int(last.get("training_iteration") or 0),
             "time_s": round(float(last.get("time_total_s") or 0.0), 3), "error": error,
             "end_s": history[-1][0] if history else None,
+            **_span(trial_clock, trial_id, history, started_wall),
         })
     return rows, histories
+
+
+def _span(clock: TrialClock | None, trial_id: str, history: list[tuple[float, float]], started_wall: float
+          ) -> dict[str, float | None]:
+    started = clock.started.get(trial_id) if clock else None
+    ended = clock.ended.get(trial_id) if clock else None
+    if ended is None and history:
+        ended = started_wall + history[-1][0]
+    return {"started_at": None if started is None else round(started, 3),
+            "ended_at": None if ended is None else round(ended, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

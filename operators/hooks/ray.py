@@ -23,6 +23,7 @@ import requests
 from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
 from airflow_ray_ml.job_status import RayJobStatus
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.capacity import Capacity
 from airflow_ray_ml_stages.constants import DEFAULT_ARTIFACT_ROOT_ENV
 
 try:
@@ -44,6 +45,8 @@ JOB_LOGS_TAIL_ENDPOINT = "/api/jobs/{submission_id}/logs/tail"
 SERVE_APPLICATIONS_ENDPOINT = "/api/serve/applications/"
 NODES_ENDPOINT = "/api/v0/nodes"
 NODES_PARAMS = {"detail": "1", "limit": "1000"}
+# The autoscaler's last report (what `ray status` prints), as the monitor on the head writes it.
+CLUSTER_STATUS_ENDPOINT = "/api/cluster_status"
 # Pings on the log websocket: a connection that died without closing (a dropped NAT or proxy
 # entry) fails within two of these instead of leaving the follower waiting for lines forever.
 LOG_STREAM_HEARTBEAT_S = 30.0
@@ -369,6 +372,15 @@ class RayHook(BaseHook):
             for node in self.get_nodes()
         }
 
+    def get_cluster_status(self) -> dict[str, Any]:
+        """The autoscaler's report (``autoscalingStatus``, ``clusterStatus``...); empty keys where none runs."""
+        return self.get_json(CLUSTER_STATUS_ENDPOINT).get("data") or {}
+
+    def get_capacity(self) -> Capacity:
+        """The cluster's nodes' totals (a static cluster's capacity) and whether an autoscaler may add nodes."""
+        nodes = self.get_nodes()
+        return Capacity.of_nodes(nodes, autoscaling=cluster_autoscales(self.get_cluster_status()))
+
     def test_connection(self) -> tuple[bool, str]:
         """Used by the Airflow UI's "Test" button."""
         try:
@@ -571,6 +583,24 @@ class RayHook(BaseHook):
 
     async def a_put_serve_applications(self, config: dict[str, Any]) -> None:
         self._check_serve_put(await self.a_request("PUT", SERVE_APPLICATIONS_ENDPOINT, json=config))
+
+
+def cluster_autoscales(status: dict[str, Any]) -> bool:
+    """Whether the cluster's autoscaler may add nodes, from :meth:`RayHook.get_cluster_status`'s answer.
+
+    A cluster started with ``ray start`` and no autoscaling config runs a read-only monitor, whose
+    report names each node's type ``node_<node id>`` and launches nothing: that cluster is static,
+    its capacity is its nodes. An autoscaler with node types of its own, nodes pending or launching,
+    or no report at all (an autoscaler that reports elsewhere, such as KubeRay's v2) may add nodes:
+    its requests are not refused up front.
+    """
+    report = (status.get("clusterStatus") or {}).get("autoscalerReport")
+    if not isinstance(report, dict):
+        return True
+    if report.get("pendingNodes") or report.get("pendingLaunches"):
+        return True
+    types = report.get("nodeTypeMapping") or {}
+    return not types or any(str(name) != f"node_{node}" for node, name in types.items())
 
 
 def _state_result(payload: dict[str, Any]) -> list[dict[str, Any]]:

@@ -51,6 +51,7 @@ from airflow_ray_ml.plugins.ray_ml_runs import (
     parse_selector,
     read_leaderboard,
     readable_dag_ids,
+    mark_pending,
     stage_jobs,
     valid_submission_id,
 )
@@ -289,6 +290,7 @@ def load_job_statuses(data: PageData) -> None:
             info = hook.get_job_info(job.submission_id)
             job.status = None if info is None else str(info.get("status"))
             job.message = "" if info is None else str(info.get("message") or "")
+            mark_pending(job, hook.artifact_root)
             job.job_url = public_job_url(data, job.job_url)
     except Exception as err:
         data.jobs_error = f"Ray cannot be asked about these jobs right now: {err}"
@@ -402,6 +404,7 @@ def job_detail(user: Any, submission_id: str, conn_id: str | None = None) -> tup
             detail.update(info=info, log_lines=len(lines), log_tail="\n".join(lines[-LOG_TAIL_LINES:]))
             job.status = str(info.get("status"))
             job.message = str(info.get("message") or "")
+            mark_pending(job, hook.artifact_root)
     except Exception as err:
         detail["error"] = f"Ray cannot be asked about this job right now: {err}"
     job.job_url = public_job_url(data, job.job_url)

@@ -23,6 +23,7 @@ from typing import Any
 from airflow_ray_ml.job_status import base_submission_id
 from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import WAITING_NAME
 
 LEADERBOARD_KEY = "leaderboard_json_uri"
 # The picker lists this many runs; an older one is still reachable by its selector.
@@ -236,6 +237,27 @@ def stage_jobs(session, dag_id: str, run_id: str) -> list[StageJob]:
     ).all()
     jobs = (_stage_job(dag_id, run_id, task_id, map_index, decode_xcom(value)) for task_id, map_index, value, _ in rows)
     return [job for job in jobs if job is not None]
+
+
+def mark_pending(job: StageJob, root: str | None) -> None:
+    """Show a running job whose trials or workers wait for the cluster's resources as ``PENDING``, with why.
+
+    The stage says so in its ``waiting.json`` beside the manifest (``root``: the connection's
+    artifact root; None: the operators' default).
+    """
+    if job.status != "RUNNING":
+        return
+    from airflow_ray_ml.ray_job import DEFAULT_ARTIFACT_ROOT
+
+    root = root or DEFAULT_ARTIFACT_ROOT
+    try:
+        uri = artifacts.join(artifacts.run_dir(root, job.dag_id, job.run_id, job.task_id, job.map_index), WAITING_NAME)
+        waiting = artifacts.read_json(uri)
+    except Exception:  # no file: nothing waits
+        return
+    if isinstance(waiting, dict) and waiting.get("state") == "pending":
+        job.status = "PENDING"
+        job.message = f"{waiting.get('what') or 'work'} pending: {str(waiting.get('reason') or '')[:1000]}"
 
 
 def valid_submission_id(submission_id: str) -> bool:

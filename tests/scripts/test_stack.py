@@ -87,3 +87,34 @@ def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_sc
     assert scoring_states["score"] == "skipped" and scoring_states["new_wines"] == "skipped"
     reason = _xcom(scoring, "pick_input", key="skip_reason")
     assert "sqm" in reason and "`input` Param" in reason
+
+
+@pytest.mark.parametrize(("cpus", "gpus", "message"), [("0", "", "RAY_CPUS='0'"), ("two", "", "RAY_CPUS='two'"),
+                                                       ("", "-1", "RAY_GPUS='-1'"), ("1.5", "", "a whole number")])
+def test_cluster_size_refuses_a_size_that_is_not_a_count_naming_it(cpus, gpus, message):
+    with pytest.raises(SystemExit, match=message):
+        stack.cluster_size(cpus, gpus)
+
+
+@pytest.mark.integration
+def test_make_run_ray_cpus_and_gpus_size_the_local_head(tmp_path):
+    import json
+
+    import requests
+
+    from airflow_ray_ml_stages import localcluster
+
+    pid_file = str(tmp_path / "ray.json")
+    start = ["start", "--pid-file", pid_file, "--dashboard-port", str(localcluster.free_port()),
+             "--token-file", str(tmp_path / "token")]
+    assert stack.cluster_size("", "") == []
+    try:
+        assert localcluster.main([*start, *stack.cluster_size("3", "0")]) == 0
+        state = json.loads((tmp_path / "ray.json").read_text())
+        token = (tmp_path / "token").read_text().strip()
+        nodes = requests.get(f"{state['dashboard_url']}/api/v0/nodes", params={"detail": "1"}, timeout=30,
+                             headers={"Authorization": f"Bearer {token}"}).json()["data"]["result"]["result"]
+        (node,) = nodes
+        assert node["resources_total"]["CPU"] == 3 and "GPU" not in node["resources_total"]
+    finally:
+        localcluster.main(["stop", "--pid-file", pid_file])

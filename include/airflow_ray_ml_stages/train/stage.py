@@ -12,7 +12,9 @@ import os
 import time
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.constants import JOB_ENV_VARS
+from airflow_ray_ml_stages.capacity import bundles_placeable, fit_workers, fixes, live_capacity, waiting_reason
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
+from airflow_ray_ml_stages.errors import ResourcesUnavailableError
 from airflow_ray_ml_stages.specs import TrainResult, TrainSpec
 from airflow_ray_ml_stages.stage import run_stage
 from airflow_ray_ml_stages.train.contexts import InProcessTrainContext
@@ -97,6 +99,11 @@ def run_training(spec: TrainSpec) -> TrainResult:
             )
             log.warning("GPU fallback: %s", fallback_reason)
     local_mode = num_workers == 0
+    if not local_mode:
+        cpus_per_worker, cut = fit_workers(live_capacity(), num_workers, cpus_per_worker)
+        if cut:
+            log.info("worker CPUs sized to what is free: %s", cut)
+        _wait_for_workers(spec, num_workers, cpus_per_worker, gpus_per_worker if use_gpu else 0)
 
     artifacts.makedirs(model_dir)
     loop_config = TrainLoopConfig(
@@ -149,6 +156,28 @@ def run_training(spec: TrainSpec) -> TrainResult:
                    fit_s=time.monotonic() - fit_started, runner="ray_train", num_workers=num_workers,
                    sizing_reason=sizing_reason, device_reason=device_reason, use_gpu=use_gpu,
                    gpus_per_worker=gpus_per_worker, fallback_reason=fallback_reason)
+
+
+def _wait_for_workers(spec: TrainSpec, workers: int, cpus: float, gpus: float) -> None:
+    """Fail with what holds the cluster's resources when the worker group cannot be placed within
+    ``resource_wait_s`` (Ray Train itself would retry its start-up for as long as the task runs)."""
+    bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    first_look_s = min(5.0, spec.resource_wait_s)  # a free cluster places them at once
+    if bundles_placeable([bundle] * workers, spec.placement_strategy, first_look_s):
+        return
+    reason = waiting_reason(live_capacity(), what="worker", cpus=cpus, gpus=gpus)
+    log.warning("%d worker(s) waiting for resources: %s", workers, reason)
+    waiting = artifacts.join(spec.artifact_dir, WAITING_NAME)
+    artifacts.write_json_atomic(waiting, {"state": "pending", "what": "workers", "reason": reason, "since": time.time()})
+    placed = bundles_placeable([bundle] * workers, spec.placement_strategy, spec.resource_wait_s - first_look_s)
+    artifacts.write_json_atomic(waiting, {"state": "running", "what": "workers", "reason": "", "since": time.time()})
+    if placed:
+        return
+    reason = waiting_reason(live_capacity(), what="worker", cpus=cpus, gpus=gpus)
+    raise ResourcesUnavailableError(
+        f"{workers} Ray Train worker(s) could not start within resource_wait_s={spec.resource_wait_s:g} s: {reason}. "
+        f"Fix: {fixes('num_workers (the train_workers Param)')}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
