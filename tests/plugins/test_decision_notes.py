@@ -28,7 +28,7 @@ from airflow_ray_ml.plugins.decision_notes import (
 from airflow_ray_ml.plugins.ray_ml_runs import decode_xcom, list_tune_runs, load_tune_run
 from airflow_ray_ml.ray_job import RayJobOperator
 from tests.conftest import load_dag
-from tests.dag_fixtures.notes_dags import ERROR
+from tests.dag_fixtures.notes_dags import ERROR, SECRET_CONN_ID
 from tests.operators.test_ray_tune import FAILING_SPACE
 
 LOGICAL_DATE = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -128,6 +128,21 @@ def test_failure_notes_failed_python_task_in_a_provider_dag_notes_its_first_line
     assert plain.state == "failed"
     assert _notes(plain) == {"run": None, "check_rows": None}
     assert _failure(plain, "check_rows") is None
+
+
+@pytest.mark.integration
+def test_failure_notes_error_quoting_a_connection_password_is_masked(airflow_db, monkeypatch):
+    import json
+
+    password = "s3cr3t-pa55word-9431"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SECRET_CONN_ID.upper()}",
+                       json.dumps({"conn_type": "http", "login": "svc", "password": password}))
+    dag_run = load_dag("notes_secret_failure").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
+    assert dag_run.state == "failed"
+    notes = _notes(dag_run)
+    assert notes["log_in"] == "Failed: the service refused svc:***; set a valid password"
+    assert password not in notes["run"] and "svc:***" in notes["run"]
+    assert password not in json.dumps(_failure(dag_run, "log_in"))
 
 
 @pytest.fixture(scope="module")
