@@ -2,7 +2,8 @@
 
 The checkout is first given the metadata that `make install`'s editable build leaves behind (an
 ``airflow_ray_ml.egg-info`` in ``include/``), so Airflow is asked exactly as on a freshly installed
-checkout, in the environment ``scripts/stack.py`` starts ``airflow standalone`` with.
+checkout, in the environment ``scripts/stack.py`` starts ``airflow standalone`` with: through
+Airflow's plugins manager, and through the REST API the home page's banner reads.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import subprocess
 import sys
 
 import pytest
+import requests
 
 from tests.conftest import ROOT
+from tests.plugins.api_server import running_api_server
 
 _SPEC = importlib.util.spec_from_file_location("stack", ROOT / "scripts" / "stack.py")
 stack = importlib.util.module_from_spec(_SPEC)
@@ -62,3 +65,14 @@ def test_ray_ml_plugin_with_providers_discovered_eagerly_is_not_registered_twice
     assert [plugin[0] for plugin in found["plugins"]].count(PLUGIN_NAME) == 1
     # (Airflow itself doubles other providers' plugins in this mode; ours is declared once)
     assert not [key for key, message in found["errors"].items() if PLUGIN_NAME in key or f"'{PLUGIN_NAME}'" in message]
+
+
+@pytest.mark.integration
+def test_ray_ml_plugin_import_errors_in_the_rest_api_of_a_make_run_environment_are_none(installed_checkout, airflow_db,
+                                                                                      tmp_path):
+    with running_api_server(tmp_path, PYTHONPATH=stack.airflow_env()["PYTHONPATH"],
+                            AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True") as base:
+        errors = requests.get(f"{base}/api/v2/plugins/importErrors", timeout=30)
+        plugins = requests.get(f"{base}/api/v2/plugins", params={"limit": 100}, timeout=30)
+    assert errors.status_code == 200 and errors.json()["total_entries"] == 0, errors.text
+    assert [plugin["name"] for plugin in plugins.json()["plugins"]].count(PLUGIN_NAME) == 1
