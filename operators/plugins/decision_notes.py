@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from typing import Any
 
 from airflow.listeners import hookimpl
@@ -239,9 +240,12 @@ def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any)
     """Record why the task failed, in the task's own process (a try that will be retried too: its
     record is cleared when the next try starts). The scheduler's own calls (a task whose worker was
     lost, one marked failed by hand) have no task process and record nothing."""
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-    if not isinstance(task_instance, RuntimeTaskInstance) or not uses_this_provider(task_instance.task):
+    # A task's process has the task runner's module loaded; elsewhere it need not be imported to
+    # tell that the task instance is not the runner's.
+    runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+    if runner is None or not isinstance(task_instance, runner.RuntimeTaskInstance):
+        return
+    if not uses_this_provider(task_instance.task):
         return
     from airflow.sdk._shared.secrets_masker import redact
 
