@@ -2,7 +2,7 @@
 
 ``get_provider_info`` is what Airflow's ``apache_airflow_provider`` entry point reads: it declares
 the ``ray`` connection type (with its connection-form fields), the extra links and the "Ray ML" page's
-plugin.
+config section (the page's plugin is registered by the ``airflow.plugins`` entry point alone).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ def get_provider_info() -> dict:
             "airflow_ray_ml.links.ray.RayServeEndpointLink",
             "airflow_ray_ml.links.ray.RayServeDashboardLink",
         ],
-        # Airflow loads a provider's plugins only with [core] lazy_discover_providers = False; the
-        # package's "airflow.plugins" entry point (pyproject.toml) loads the page by default.
-        "plugins": [{"name": "ray_ml", "plugin-class": "airflow_ray_ml.plugins.ray_ml.RayMLPlugin"}],
+        # No "plugins" here: the package's "airflow.plugins" entry point (pyproject.toml) registers the
+        # page, and with [core] lazy_discover_providers = False Airflow would load a plugin declared
+        # here as well, a second registration that it reports as a plugin import error.
         "config": {
             "ray_ml": {
                 "description": "The \"Ray ML\" page of the Airflow UI (operators/plugins/ray_ml.py).",

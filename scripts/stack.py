@@ -47,7 +47,10 @@ def airflow_env() -> dict[str, str]:
     return {
         **os.environ,
         "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")]),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")]),
+        # No PYTHONPATH: `make install` installed the project, and the *.egg-info that its editable
+        # build leaves in include/ would show Airflow the package twice, which registers the "Ray ML"
+        # plugin twice ("Plugin 'ray_ml' already registered" on every home page).
+        "PYTHONPATH": "",
         "AIRFLOW_HOME": str(AIRFLOW_HOME),
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),

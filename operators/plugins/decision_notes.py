@@ -1,21 +1,52 @@
-"""Serve decisions as notes: a deploy's or rollback's decision becomes its task's note and the run's note.
+"""Serve decisions and failures as notes: what a deploy decided, or why a task failed, becomes its
+task's note and the run's note.
 
-A kept champion leaves its deploy task "skipped", and a person looking at the grid wants to know
-why without opening the log. Tasks cannot write notes (the Task SDK has no call for it), so this
-listener does it where the metadata database is at hand: when a DAG run finishes, the scheduler
-(or ``dag.test()``) calls it, and it turns every ``decision`` XCom of the run (pushed by
-``RayServeDeployOperator`` and ``RayServeRollbackOperator`` with the serving history's entry) into
-the note of the task that pushed it, and, joined, into the run's note. A note a person already
-wrote is never replaced.
+A kept champion leaves its deploy task "skipped", and a failed task leaves only its log; a person
+looking at the grid wants to know why without opening the log. Tasks cannot write notes (the Task
+SDK has no call for it), so this listener works in two places:
+
+- in the task's own process, when a task fails, it records the error as a ``failure`` XCom: the
+  error's first line and the fix the message names (``failure_record``), masked by Airflow's
+  secrets masker there, where the task's secrets are known. Only tasks of DAGs that use this
+  provider's operators record one; other DAGs are left alone;
+- where the metadata database is at hand, when a DAG run finishes (the scheduler, or
+  ``dag.test()``), it turns every ``decision`` XCom of the run (pushed by ``RayServeDeployOperator``
+  and ``RayServeRollbackOperator`` with the serving history's entry) and every ``failure`` XCom of
+  a task that ended failed into the note of that task and, joined, into the run's note.
+
+A note a person already wrote is never replaced.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import sys
 from typing import Any
 
 from airflow.listeners import hookimpl
 
+log = logging.getLogger(__name__)
+
 MAX_NOTE_CHARS = 1000  # Airflow's note column holds 1000
+FAILURE_XCOM_KEY = "failure"
+# A note quotes this much of an error's first line and of its fix: enough to act on, never a dump
+# of the data a message may quote.
+MAX_ERROR_CHARS = 400
+MAX_FIX_CHARS = 300
+# How this project's error messages begin the fix they name ("...; set label_column ...",
+# "... . Fix the search space ..."): an imperative verb that starts a sentence or a clause.
+FIX_VERBS = (
+    "add", "allow", "ask", "change", "check", "choose", "clear", "copy", "create", "define", "delete", "drop",
+    "fix", "free", "give", "grant", "increase", "install", "leave", "lower", "make", "move", "pass", "pick",
+    "point", "raise", "reduce", "remove", "rename", "restart", "see", "set", "split", "start", "stop", "take",
+    "use", "wait", "widen",
+)
+_FIX_START = re.compile(
+    r"(?:^|[.;:!?]\s+|\s[—–-]\s+)(?:(?:please|then|or)\s+)?(?P<verb>(?:%s))\b(?!\s+(?:failed|error))"
+    % "|".join(FIX_VERBS), re.IGNORECASE)
+# What RayStageError appends to a stage's own message: the job, which the task's links name anyway.
+_STAGE_SUFFIX = re.compile(r"\s*\(Ray job [^()]*\)\s*$")
 
 
 def _metrics(decision: dict[str, Any]) -> str:
@@ -53,33 +84,129 @@ def decision_text(decision: dict[str, Any]) -> str:
     return text[:MAX_NOTE_CHARS]
 
 
-def note_decisions(dag_run: Any, session: Any) -> list[str]:
-    """Write the run's decisions as notes (in ``session``); return the texts written."""
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def error_first_line(error: Any) -> str:
+    """The first non-blank line of an error (an exception or its text), without the job suffix."""
+    text = str(error) if error is not None else ""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not line and isinstance(error, BaseException):
+        line = type(error).__name__
+    return _STAGE_SUFFIX.sub("", line)
+
+
+def named_fix(line: str) -> str | None:
+    """The fix an error line names: from the last sentence or clause that starts with an imperative
+    verb (``FIX_VERBS``) to the end of the line; None when the line names none."""
+    starts = list(_FIX_START.finditer(line))
+    if not starts:
+        return None
+    fix = line[starts[-1].start("verb"):].rstrip(" .")
+    return fix[:1].upper() + fix[1:]
+
+
+def failure_record(error: Any) -> dict[str, Any]:
+    """What a failed task records for its note: the error's first line and the fix it names, both cut
+    to a bounded length (``MAX_ERROR_CHARS``, ``MAX_FIX_CHARS``), and the exception's type."""
+    line = error_first_line(error)
+    fix = named_fix(line)
+    return {
+        "error": _cut(line, MAX_ERROR_CHARS) or "failed without an error message",
+        "fix": _cut(fix, MAX_FIX_CHARS) if fix else None,
+        "exception": type(error).__name__ if isinstance(error, BaseException) else None,
+    }
+
+
+def failure_text(record: dict[str, Any], subject: str = "") -> str:
+    """One sentence saying why a task failed and what to do: the error, then its fix unless quoted whole.
+
+    ``subject`` (a task id) starts the sentence in a run's note, where several tasks may speak.
+    """
+    error = str(record.get("error") or "failed without an error message")
+    fix = record.get("fix")
+    text = f"{subject} failed: {error}" if subject else f"Failed: {error}"
+    if isinstance(fix, str) and fix and fix.lower() not in error.lower():
+        text += f" — {fix}"
+    return text[:MAX_NOTE_CHARS]
+
+
+def uses_this_provider(task: Any) -> bool:
+    """Whether ``task``'s DAG (or the task alone, outside a DAG) runs any of this provider's operators."""
+    dag = getattr(task, "dag", None)
+    for member in getattr(dag, "tasks", None) or [task]:
+        operator_class = getattr(member, "operator_class", None)  # a mapped task's operator
+        module = (operator_class if isinstance(operator_class, type) else type(member)).__module__
+        if module.startswith("airflow_ray_ml."):
+            return True
+    return False
+
+
+def _task_instance(session: Any, dag_run: Any, task_id: str, map_index: int) -> Any:
     from sqlalchemy import select
 
     from airflow.models.taskinstance import TaskInstance
+
+    return session.scalar(select(TaskInstance).where(
+        TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id,
+        TaskInstance.task_id == task_id, TaskInstance.map_index == map_index))
+
+
+def _xcoms(session: Any, dag_run: Any, key: str) -> list[tuple[str, int, Any]]:
+    """The run's XComs ``key``, decoded, oldest first, as (task id, map index, value)."""
+    from sqlalchemy import select
+
     from airflow.models.xcom import XComModel
 
     from airflow_ray_ml.plugins.ray_ml_runs import decode_xcom
-    from airflow_ray_ml.ray_serve import DECISION_XCOM_KEY
 
     rows = session.execute(
         select(XComModel.task_id, XComModel.map_index, XComModel.value).where(
-            XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id,
-            XComModel.key == DECISION_XCOM_KEY)
+            XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id, XComModel.key == key)
+        .order_by(XComModel.timestamp, XComModel.task_id, XComModel.map_index)
     ).all()
+    return [(task_id, map_index, decode_xcom(raw)) for task_id, map_index, raw in rows]
+
+
+def note_decisions(dag_run: Any, session: Any) -> list[str]:
+    """Write each decision of the run as its task's note (in ``session``); return the texts."""
+    from airflow_ray_ml.ray_serve import DECISION_XCOM_KEY
+
     texts = []
-    for task_id, map_index, raw in rows:
-        decision = decode_xcom(raw)
+    for task_id, map_index, decision in _xcoms(session, dag_run, DECISION_XCOM_KEY):
         if not isinstance(decision, dict):
             continue
         text = decision_text(decision)
         texts.append(text)
-        ti = session.scalar(select(TaskInstance).where(
-            TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id,
-            TaskInstance.task_id == task_id, TaskInstance.map_index == map_index))
+        ti = _task_instance(session, dag_run, task_id, map_index)
         if ti is not None and not ti.note:
             ti.note = text
+    return texts
+
+
+def note_failures(dag_run: Any, session: Any) -> list[str]:
+    """Write why each failed task of the run failed as its note (in ``session``); return the run's sentences.
+
+    Only a task that ended failed counts: a record left by a try that was retried is cleared when
+    the next try starts, and a task that failed and was then cleared and succeeded has none.
+    """
+    from airflow.utils.state import TaskInstanceState
+
+    texts = []
+    for task_id, map_index, record in _xcoms(session, dag_run, FAILURE_XCOM_KEY):
+        ti = _task_instance(session, dag_run, task_id, map_index)
+        if not isinstance(record, dict) or ti is None or ti.state != TaskInstanceState.FAILED:
+            continue
+        if not ti.note:
+            ti.note = failure_text(record)
+        texts.append(failure_text(record, task_id if map_index < 0 else f"{task_id}[{map_index}]"))
+    return texts
+
+
+def note_run(dag_run: Any, session: Any) -> list[str]:
+    """Write the run's decisions and failures as notes (in ``session``); return the run note's sentences."""
+    texts = note_decisions(dag_run, session) + note_failures(dag_run, session)
     if texts and not dag_run.note:
         dag_run.note = " · ".join(texts)[:MAX_NOTE_CHARS]
     return texts
@@ -90,12 +217,12 @@ def _on_finished(dag_run: Any) -> None:
 
     session = object_session(dag_run)
     if session is not None:  # the caller's session: it commits the notes with the run's state
-        note_decisions(dag_run, session)
+        note_run(dag_run, session)
         return
     from airflow.utils.session import create_session
 
     with create_session() as own:
-        note_decisions(own.merge(dag_run), own)
+        note_run(own.merge(dag_run), own)
 
 
 @hookimpl
@@ -106,3 +233,24 @@ def on_dag_run_success(dag_run: Any, msg: str) -> None:
 @hookimpl
 def on_dag_run_failed(dag_run: Any, msg: str) -> None:
     _on_finished(dag_run)
+
+
+@hookimpl
+def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any) -> None:
+    """Record why the task failed, in the task's own process (a try that will be retried too: its
+    record is cleared when the next try starts). The scheduler's own calls (a task whose worker was
+    lost, one marked failed by hand) have no task process and record nothing."""
+    # A task's process has the task runner's module loaded; elsewhere it need not be imported to
+    # tell that the task instance is not the runner's.
+    runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+    if runner is None or not isinstance(task_instance, runner.RuntimeTaskInstance):
+        return
+    if not uses_this_provider(task_instance.task):
+        return
+    from airflow.sdk._shared.secrets_masker import redact
+
+    record = {**redact(failure_record(error)), "stage": getattr(task_instance.task, "stage", None)}
+    try:
+        task_instance.xcom_push(FAILURE_XCOM_KEY, record)
+    except Exception as err:  # a missing note never changes how the task ends
+        log.warning("Could not record the failure of %s for its note: %s", task_instance.task_id, err)

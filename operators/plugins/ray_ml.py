@@ -8,7 +8,8 @@ shows through an external view. It reads
   application's model version and directory from its ``user_config`` (what
   ``RayServeDeployOperator`` writes), the model card's test metrics, replicas and endpoint, and its
   version history from the serving history (``ray_ml_serving``);
-- the Tune runs of the DAGs the logged-in user may read, and the Ray jobs of the selected run's
+- the Tune runs (successful ones and failed ones with their error) of the DAGs the logged-in user
+  may read, and the Ray jobs of the selected run's
   DAG run, from Airflow's metadata database (``ray_ml_runs``); the leaderboard and plot through
   ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://); a job's status and log from Ray's Jobs
   API, on the server, so nobody needs the dashboard's token to read them.
@@ -264,13 +265,15 @@ def load_tune(data: PageData, user: Any, selector: str | None = None) -> None:
         data.tune_error = f"cannot read Airflow's metadata database: {err}"
         return
     if wanted is not None and data.tune is None:
-        data.selection_error = (f"No successful Tune run {wanted.selector!r} among the DAGs you may read; "
+        data.selection_error = (f"No Tune run {wanted.selector!r} among the DAGs you may read; "
                                 "pick one from the list.")
         data.selection_status = 404
         return
     if data.tune is None:
         return
     data.tune.job_url = public_job_url(data, data.tune.job_url)
+    if data.tune.error is not None:  # a failed run has its error to show, no leaderboard
+        return
     try:
         artifact_root(data.conn_id)  # the artifact root's storage credentials, before its first read
         data.tune.rows = read_leaderboard(data.tune.result[LEADERBOARD_KEY])
@@ -348,7 +351,7 @@ def status_json(data: PageData) -> dict[str, Any]:
         "tune": None if tune is None else {
             "selector": tune.selector, "dag_id": tune.dag_id, "run_id": tune.run_id, "task_id": tune.task_id,
             "map_index": tune.map_index, "job_url": tune.job_url, "result": tune.result, "rows": len(tune.rows),
-            "leaderboard_error": tune.leaderboard_error,
+            "leaderboard_error": tune.leaderboard_error, "error": tune.error, "fix": tune.fix,
         },
         "jobs": [asdict(job) for job in data.jobs],
         "jobs_error": data.jobs_error,

@@ -5,8 +5,10 @@ Airflow's configured auth manager), by indexed columns (XCom key, DAG, run, task
 are decoded only for the rows a page shows.
 
 - A Tune run is a successful task instance that pushed a ``leaderboard_json_uri`` XCom (the
-  RayTune operator pushes each manifest key as an XCom of its own). ``list_tune_runs`` lists them
-  newest first; a page selects one by its selector ``<dag_id>/<run_id>/<task_id>/<map_index>``.
+  RayTune operator pushes each manifest key as an XCom of its own), or a failed one whose
+  ``failure`` XCom (recorded by ``decision_notes`` when the task failed) names the ``tune`` stage,
+  with its error. ``list_tune_runs`` lists both, newest first; a page selects one by its selector
+  ``<dag_id>/<run_id>/<task_id>/<map_index>``.
 - A stage job is a task that pushed a ``ray_job`` XCom (every stage operator records the Ray job
   it submitted or attached to). ``find_stage_job`` accepts a submission id only when such an XCom
   in a readable DAG names it.
@@ -22,12 +24,17 @@ from typing import Any
 
 from airflow_ray_ml.job_status import base_submission_id
 from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY
+from airflow_ray_ml.plugins.decision_notes import FAILURE_XCOM_KEY
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import WAITING_NAME
 
 LEADERBOARD_KEY = "leaderboard_json_uri"
 # The picker lists this many runs; an older one is still reachable by its selector.
 TUNE_RUN_LIMIT = 50
+TUNE_STAGE = "tune"  # the stage a failed task's record names (TuneSpec.stage)
+# Failure records are read (newest first) up to this many per listing, to find the failed Tune runs
+# among the failures of other stages.
+FAILURE_SCAN_LIMIT = 10 * TUNE_RUN_LIMIT
 # Airflow's own id rules: DAG and task ids never hold "/", so a run id with one still parses.
 _ID = r"[A-Za-z0-9_.~:+@-]+"
 _SELECTOR = re.compile(rf"(?P<dag_id>{_ID})/(?P<run_id>.+)/(?P<task_id>{_ID})/(?P<map_index>-1|\d{{1,6}})")
@@ -75,13 +82,19 @@ def _timestamp(value: Any) -> str:
 
 @dataclass(frozen=True)
 class TuneRunRef:
-    """One Tune task's run: which it is and when it pushed its leaderboard."""
+    """One Tune task's run: which it is, when it pushed its leaderboard (or failed), and, for a
+    failed run, its error."""
 
     dag_id: str
     run_id: str
     task_id: str
     map_index: int
     pushed_at: str = ""
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
     @property
     def selector(self) -> str:
@@ -114,6 +127,9 @@ class TuneRun:
     job_url: str | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     leaderboard_error: str | None = None
+    # a failed run: the error's first line and the fix it names (no manifest, no leaderboard)
+    error: str | None = None
+    fix: str | None = None
 
     @property
     def selector(self) -> str:
@@ -140,8 +156,37 @@ def _tune_query(dag_ids: set[str]):
     )
 
 
+def _failed_tune_query(dag_ids: set[str]):
+    """The failure records of failed task instances in ``dag_ids``, newest first (any stage's)."""
+    from sqlalchemy import and_, select
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.state import TaskInstanceState
+
+    return (
+        select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index,
+               XComModel.timestamp, XComModel.value)
+        .join(TaskInstance, and_(TaskInstance.dag_id == XComModel.dag_id,
+                                 TaskInstance.run_id == XComModel.run_id,
+                                 TaskInstance.task_id == XComModel.task_id,
+                                 TaskInstance.map_index == XComModel.map_index))
+        .where(XComModel.key == FAILURE_XCOM_KEY, XComModel.dag_id.in_(sorted(dag_ids)),
+               TaskInstance.state == TaskInstanceState.FAILED)
+        .order_by(XComModel.timestamp.desc())
+    )
+
+
+def _tune_failure(raw: Any) -> dict[str, Any] | None:
+    """A failure record of the tune stage with its error, else None."""
+    record = decode_xcom(raw)
+    if isinstance(record, dict) and record.get("stage") == TUNE_STAGE and isinstance(record.get("error"), str):
+        return record
+    return None
+
+
 def list_tune_runs(session, dag_ids: set[str], limit: int = TUNE_RUN_LIMIT) -> list[TuneRunRef]:
-    """The successful Tune runs in ``dag_ids``, newest first, at most ``limit``.
+    """The successful and the failed Tune runs in ``dag_ids``, newest first, at most ``limit``.
 
     A row whose value is not a text URI (another task pushing the same key) is left out.
     """
@@ -152,12 +197,18 @@ def list_tune_runs(session, dag_ids: set[str], limit: int = TUNE_RUN_LIMIT) -> l
         uri = decode_xcom(raw)
         if isinstance(uri, str) and uri:
             runs.append(TuneRunRef(dag_id, run_id, task_id, map_index, _timestamp(timestamp)))
-    return runs
+    failures = session.execute(_failed_tune_query(dag_ids).limit(FAILURE_SCAN_LIMIT))
+    for dag_id, run_id, task_id, map_index, timestamp, raw in failures:
+        record = _tune_failure(raw)
+        if record is not None:
+            runs.append(TuneRunRef(dag_id, run_id, task_id, map_index, _timestamp(timestamp), record["error"]))
+    return sorted(runs, key=lambda run: run.pushed_at, reverse=True)[:limit]
 
 
 def load_tune_run(session, dag_ids: set[str], ref: TuneRunRef) -> TuneRun | None:
-    """The Tune run ``ref`` with its manifest and Ray job link; None unless it is a successful Tune
-    run of a DAG in ``dag_ids`` (a DAG the user may not read looks exactly like a missing run)."""
+    """The Tune run ``ref`` with its manifest and Ray job link (a failed one with its error); None
+    unless it is a Tune run of a DAG in ``dag_ids`` (a DAG the user may not read looks exactly like
+    a missing run)."""
     from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
 
     if ref.dag_id not in dag_ids:
@@ -167,7 +218,7 @@ def load_tune_run(session, dag_ids: set[str], ref: TuneRunRef) -> TuneRun | None
     found = session.execute(query.limit(1)).first()
     uri = decode_xcom(found.value) if found else None
     if not isinstance(uri, str) or not uri:
-        return None
+        return _load_failed_tune_run(session, ref)
     values = _xcom_values(session, ref, (XCOM_RETURN_KEY, RAY_JOB_XCOM_KEY))
     manifest, job = values.get(XCOM_RETURN_KEY), values.get(RAY_JOB_XCOM_KEY)
     return TuneRun(
@@ -175,6 +226,25 @@ def load_tune_run(session, dag_ids: set[str], ref: TuneRunRef) -> TuneRun | None
         pushed_at=_timestamp(found.timestamp),
         result={**(manifest if isinstance(manifest, dict) else {}), LEADERBOARD_KEY: uri},
         job_url=job.get("job_url") if isinstance(job, dict) else None,
+    )
+
+
+def _load_failed_tune_run(session, ref: TuneRunRef) -> TuneRun | None:
+    """The failed Tune run ``ref`` with its error and Ray job link; None unless it is one (the caller checks access)."""
+    from airflow.models.xcom import XComModel
+
+    query = _failed_tune_query({ref.dag_id}).where(XComModel.run_id == ref.run_id, XComModel.task_id == ref.task_id,
+                                                   XComModel.map_index == ref.map_index)
+    found = session.execute(query.limit(1)).first()
+    record = _tune_failure(found.value) if found else None
+    if record is None:
+        return None
+    job = _xcom_values(session, ref, (RAY_JOB_XCOM_KEY,)).get(RAY_JOB_XCOM_KEY)
+    return TuneRun(
+        dag_id=ref.dag_id, run_id=ref.run_id, task_id=ref.task_id, map_index=ref.map_index,
+        pushed_at=_timestamp(found.timestamp), result={},
+        job_url=job.get("job_url") if isinstance(job, dict) else None,
+        error=record["error"], fix=record.get("fix") if isinstance(record.get("fix"), str) else None,
     )
 
 
