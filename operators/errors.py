@@ -51,3 +51,8 @@ class ServeModelRejectedError(ServeDeployError, AirflowFailException):
 class ServeAppOwnershipError(RayOperatorError, AirflowFailException):
     """The Serve application belongs to another DAG (or to no deploy of this operator): fail at once,
     before anything is changed; retrying cannot help."""
+
+
+class SourceNotAllowedError(RayOperatorError, AirflowFailException):
+    """A source from Params lies outside the allowed roots, or the roots' setting cannot be read: fail at
+    once, before any job reads it (airflow_ray_ml.confine)."""
