@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag
 from tests.dags.wine_conf import build_tasks, trigger_params
 
 NO_BOUND = sys.float_info.max
@@ -24,7 +24,8 @@ def dag():
 
 
 @pytest.fixture
-def build(dag, tmp_path):
+def build(dag, tmp_path, monkeypatch):
+    allow_sources(monkeypatch, "/data")  # where these confs' files are (airflow_ray_ml.confine)
     return lambda **conf: build_tasks(dag, conf, str(tmp_path))
 
 
@@ -133,3 +134,12 @@ def test_params_each_has_a_title_and_help(dag):
     for name, param in dag.params.items():
         assert param.schema.get("title") and (param.description or param.schema.get("description_md")), name
 
+
+
+@pytest.mark.parametrize("source", [["/etc/passwd"], ["/data/red.csv", "/data/../etc/shadow"],
+                                    ["http://169.254.169.254/latest/meta-data/"]])
+def test_params_source_outside_the_allowed_sources_fails_data_files(build, source):
+    from airflow_ray_ml.errors import SourceNotAllowedError
+
+    with pytest.raises(SourceNotAllowedError, match="'allowed_sources' field of the Airflow connection 'ray_default'"):
+        build(source=source)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag
 from tests.operators.test_ray_job import _xcom
 
 _SPEC = importlib.util.spec_from_file_location("stack", ROOT / "scripts" / "stack.py")
@@ -56,8 +56,9 @@ def test_check_label_refuses_a_label_that_is_not_a_column_before_any_run(tmp_pat
 
 @pytest.mark.integration
 def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_scoring(
-        airflow_db, ray_conn, tmp_path):
+        airflow_db, ray_conn, tmp_path, monkeypatch):
     source = write_rent_table(tmp_path / "rent.csv")
+    allow_sources(monkeypatch, source)  # what `make run SOURCE=` adds to the connection
     # the splits are written with the first scaler (standard); the model is trained with another
     search = {"family": "xgboost", "scaler": "minmax", "xgboost": {"num_boost_round": 40}}
     conf = stack.run_conf({"num_trials": 1, "search_space": search}, source=source, label="rent")
