@@ -34,3 +34,20 @@ class ClusterError(RayMLError, RuntimeError):
 
 class TuneError(RayMLError, RuntimeError):
     """A search ended without any trial that completed."""
+
+
+QUOTE_CHARS = 60
+"""The most characters of one value (a cell, a header, a line of a file) that an error message quotes:
+enough to recognise it, never a whole line or file."""
+
+
+def quotable(value):
+    """``value`` as an error message may quote it: each text in it (also in lists and dicts) cut to
+    ``QUOTE_CHARS`` characters, the cut marked with ``...``."""
+    if isinstance(value, str):
+        return value if len(value) <= QUOTE_CHARS else value[: QUOTE_CHARS - 3] + "..."
+    if isinstance(value, dict):
+        return {quotable(key): quotable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [quotable(item) for item in value]
+    return value
