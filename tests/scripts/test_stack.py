@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
 import pytest
+import requests
 
 from tests.conftest import ROOT, allow_sources, load_dag
 from tests.operators.test_ray_job import _xcom
@@ -52,6 +54,47 @@ def test_check_label_refuses_a_label_that_is_not_a_column_before_any_run(tmp_pat
     semicolons = tmp_path / "uci.csv"
     semicolons.write_text('"fixed acidity";"quality"\n7.0;5\n')
     assert stack.file_columns(str(semicolons)) == ["fixed acidity", "quality"]
+
+
+def test_ray_connection_extra_adds_the_sources_to_the_allowed_ones_and_keeps_the_rest(monkeypatch):
+    current = {"allowed_sources": "/srv/shared\n/data/rent.csv", "auth_token": "***", "dashboard_url": "http://old:1"}
+    extra = stack.ray_connection_extra(current, ["/data/rent.csv", "https://data.example.com/pub/flats.csv"])
+    assert extra["allowed_sources"] == ["/srv/shared", "/data/rent.csv", "https://data.example.com/pub/flats.csv"]
+    assert extra["auth_token"] == "***"  # sent back redacted, Airflow keeps the stored token
+    assert extra["dashboard_url"] == f"http://127.0.0.1:{stack.RAY_DASHBOARD_PORT}"
+    assert extra["artifact_root"] == str(ROOT / "artifacts")
+    monkeypatch.delenv("AIRFLOW_CONN_RAY_DEFAULT", raising=False)
+    assert "AIRFLOW_CONN_RAY_DEFAULT" not in stack.airflow_env()  # a variable would hide the database's copy
+
+
+@pytest.mark.integration
+def test_keep_ray_connection_on_a_running_api_server_allows_each_runs_sources_in_the_database(
+        airflow_db, tmp_path, monkeypatch):
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    from tests.plugins.api_server import running_api_server
+
+    first, second = write_rent_table(tmp_path / "rent.csv", rows=20), write_rent_table(tmp_path / "flats.csv", rows=20)
+    with running_api_server(tmp_path, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True") as base:
+        monkeypatch.setattr(stack, "AIRFLOW_URL", base)
+        connection = f"{base}/api/v2/connections/{stack.RAY_CONN_ID}"
+        client = stack.AirflowClient()  # every user is an admin here: no login
+        try:
+            stack.keep_ray_connection(client, [first])  # the first `make run SOURCE=`: created
+            assert json.loads(requests.get(connection, timeout=10).json()["extra"])["allowed_sources"] == [first]
+            # a person sets a token and another root in the UI, then `make run SOURCE=flats.csv` runs
+            extra = json.loads(requests.get(connection, timeout=10).json()["extra"])
+            extra.update(auth_token="s3cret-token", allowed_sources="\n".join([*extra["allowed_sources"], "/srv/shared"]))
+            requests.patch(connection, timeout=10, json={"connection_id": stack.RAY_CONN_ID, "conn_type": "ray",
+                                                         "extra": json.dumps(extra)}).raise_for_status()
+            stack.keep_ray_connection(client, [second])
+            with create_session() as session:  # what a task reads (through the api-server)
+                stored = session.query(Connection).filter_by(conn_id=stack.RAY_CONN_ID).one().extra_dejson
+            assert stored["allowed_sources"] == [first, "/srv/shared", second]
+            assert stored["auth_token"] == "s3cret-token"  # kept, though the API showed it redacted
+        finally:  # other tests find ray_default undefined unless they set it
+            requests.delete(connection, timeout=10)
 
 
 @pytest.mark.integration
