@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import numpy as np
@@ -67,12 +70,18 @@ def test_ray_connection_extra_adds_the_sources_to_the_allowed_ones_and_keeps_the
     assert "AIRFLOW_CONN_RAY_DEFAULT" not in stack.airflow_env()  # a variable would hide the database's copy
 
 
+def _stored_connection_extra(conn_id: str) -> dict:
+    """The connection's extra as Airflow's own CLI reads it from the database (decrypted; no variable set)."""
+    env = {key: value for key, value in os.environ.items() if key != f"AIRFLOW_CONN_{conn_id.upper()}"}
+    done = subprocess.run([sys.executable, "-m", "airflow", "connections", "get", conn_id, "-o", "json"],
+                          capture_output=True, text=True, env=env, check=True)
+    (connection,) = json.loads(done.stdout)
+    return connection["extra_dejson"]
+
+
 @pytest.mark.integration
 def test_keep_ray_connection_on_a_running_api_server_allows_each_runs_sources_in_the_database(
         airflow_db, tmp_path, monkeypatch):
-    from airflow.models.connection import Connection
-    from airflow.utils.session import create_session
-
     from tests.plugins.api_server import running_api_server
 
     first, second = write_rent_table(tmp_path / "rent.csv", rows=20), write_rent_table(tmp_path / "flats.csv", rows=20)
@@ -89,8 +98,7 @@ def test_keep_ray_connection_on_a_running_api_server_allows_each_runs_sources_in
             requests.patch(connection, timeout=10, json={"connection_id": stack.RAY_CONN_ID, "conn_type": "ray",
                                                          "extra": json.dumps(extra)}).raise_for_status()
             stack.keep_ray_connection(client, [second])
-            with create_session() as session:  # what a task reads (through the api-server)
-                stored = session.query(Connection).filter_by(conn_id=stack.RAY_CONN_ID).one().extra_dejson
+            stored = _stored_connection_extra(stack.RAY_CONN_ID)
             assert stored["allowed_sources"] == [first, "/srv/shared", second]
             assert stored["auth_token"] == "s3cret-token"  # kept, though the API showed it redacted
         finally:  # other tests find ray_default undefined unless they set it
