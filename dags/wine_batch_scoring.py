@@ -7,7 +7,8 @@ carries the model's directory, version and test metrics; this DAG scores with ex
 * ``model_to_score`` reads the model from the triggering asset event; on a manual run without
   one, it is the model that the ``serve_app`` application serves now. Its XCom adds the raw
   columns the model needs (from its preprocessor).
-* ``pick_input`` scores the ``input`` Param's file when one is given. Otherwise it makes demo
+* ``pick_input`` scores the ``input`` Param's file when one is given (``scoring_input`` refuses one
+  outside the allowed sources, docs/deployment.md#confined-sources). Otherwise it makes demo
   data, but only for a model of the wine columns: a model trained on another table (``make run
   SOURCE=... LABEL=...``) skips the run, with the reason in this task's log and its
   ``skip_reason`` XCom, instead of scoring wines it cannot read.
@@ -25,6 +26,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
 
+from airflow_ray_ml.confine import confine_sources
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_score import RayBatchScoreOperator
 from airflow_ray_ml_stages.wine import DEMO_APP
@@ -43,8 +45,9 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     params={
         "input": Param(None, type=["null", "string"],
-                       description="The file (or directory) to score: CSV or Parquet, local, s3:// or gs://. "
-                                   "Empty: generated new wines"),
+                       description="The file (or directory) to score: CSV or Parquet, local, s3:// or gs://, "
+                                   "under the allowed sources (the artifact root's data folder, and the "
+                                   "ray_default connection's allowed_sources). Empty: generated new wines"),
         "new_rows": Param(1000, type="integer", minimum=1, maximum=10_000_000,
                           description="Rows of generated new wines when no input is given"),
         "new_seed": Param(2026, type="integer", minimum=0, description="Seed of the generated new wines"),
@@ -98,7 +101,9 @@ with DAG(
     @task(trigger_rule="none_failed_min_one_success",  # after new_wines, or straight after pick_input
           doc_md="The file to score: the `input` Param's, or the one `new_wines` wrote.")
     def scoring_input(generated: dict | None, params: dict | None = None) -> str:
-        return (params or {}).get("input") or generated["data_uris"][0]
+        given = (params or {}).get("input")
+        # a person's path: read, and written beside, only under the allowed sources
+        return confine_sources(given)[0] if given else generated["data_uris"][0]
 
     chosen = scoring_input(new_wines.output)
     score = RayBatchScoreOperator(

@@ -9,7 +9,9 @@ follows and records. A retried task re-attaches to its running job (or reuses it
   its XCom is the compute spec that tuning, training and serving take.
 * ``pick_data`` → ``demo_data`` writes the seeded stand-in for the UCI wine-quality files (red and
   white, semicolon-separated as published) unless the ``source`` Param names your files;
-  ``data_files`` hands either on to ``preprocess``.
+  ``data_files`` hands either on to ``preprocess``, the ``source`` Param's only if they lie under
+  the allowed sources (the artifact root's ``data`` folder and the ``ray_default`` connection's
+  ``allowed_sources``; docs/deployment.md#confined-sources).
 * ``preprocess`` validates the files, splits them deterministically, fits the scalers on the
   train split only and writes Parquet splits, the preprocessor JSONs and a data profile.
 * ``search_space`` turns the Params form (families, scalers, epochs, rounds) into the search
@@ -43,6 +45,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
 
+from airflow_ray_ml.confine import confine_sources
 from airflow_ray_ml.gpu_probe import GPUProbeOperator
 from airflow_ray_ml.ray_data import RayDataPreprocessOperator
 from airflow_ray_ml.ray_job import RayJobOperator
@@ -132,8 +135,9 @@ with DAG(
         # below start collapsed.
         "source": Param(
             None, type=["null", "array"], items={"type": "string"}, title="Data files",
-            description="Your CSV or Parquet files or URLs, one per line (blank lines are ignored). "
-                        "Empty: the generated demo data."),
+            description="Your CSV or Parquet files or URLs, one per line (blank lines are ignored), "
+                        "under the allowed sources (the artifact root's data folder, and the ray_default "
+                        "connection's allowed_sources). Empty: the generated demo data."),
         "label_column": Param(LABEL, type="string", pattern=r"\S", title="Label column",
                               description="The column to predict"),
         "task": Param(PreprocessSpec.task, type="string", enum=list(TASKS), title="Task",
@@ -245,9 +249,11 @@ with DAG(
         return ["data_files"] if data_sources(params or {}) else ["demo_data", "data_files"]
 
     @task(trigger_rule="none_failed_min_one_success",  # after demo_data, or straight after pick_data
-          doc_md="The files to preprocess: the `source` Param's, or the ones `demo_data` wrote.")
+          doc_md="The files to preprocess: the `source` Param's, confined to the allowed sources, or the "
+                 "ones `demo_data` wrote.")
     def data_files(generated: dict | None, params: dict | None = None) -> list[str]:
-        return data_sources(params or {}) or list(generated["data_uris"])
+        # A person filling the form may name any path or URL: refused here, before a job reads it.
+        return confine_sources(data_sources(params or {})) or list(generated["data_uris"])
 
     files = data_files(demo_data.output)
     preprocess = RayDataPreprocessOperator(

@@ -101,6 +101,13 @@ def get_provider_info() -> dict:
                         "empty means the environment's credentials. Ray nodes use their own",
                         "schema": {"type": ["string", "null"]},
                     },
+                    "allowed_sources": {
+                        "label": "Allowed sources",
+                        "description": "Where data files named by a run's conf or trigger form may lie, "
+                        "besides the artifact root's data folder: path or URL prefixes (s3://bucket/prefix, "
+                        "https://host/path), one per line or comma-separated",
+                        "schema": {"type": ["string", "null"]},
+                    },
                 },
                 "ui-field-behaviour": {
                     "hidden-fields": ["schema", "login", "port", "extra"],

@@ -56,3 +56,8 @@ class ServeAppOwnershipError(RayOperatorError, AirflowFailException):
 class RayResourcesError(RayOperatorError, AirflowFailException):
     """The request can never run on the cluster (more workers, CPUs or GPUs than it has and can get):
     fail at once, before any job is submitted; retrying cannot help."""
+
+
+class SourceNotAllowedError(RayOperatorError, AirflowFailException):
+    """A source from Params lies outside the allowed roots, or the roots' setting cannot be read: fail at
+    once, before any job reads it (airflow_ray_ml.confine)."""

@@ -64,11 +64,8 @@ def airflow_env() -> dict[str, str]:
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
-        "AIRFLOW_CONN_RAY_DEFAULT": json.dumps({
-            "conn_type": "ray",
-            "extra": {"dashboard_url": f"http://127.0.0.1:{RAY_DASHBOARD_PORT}",
-                      "artifact_root": str(ROOT / "artifacts"), "verify_tls": True},
-        }),
+        # ray_default lives in Airflow's database (keep_ray_connection), not in an AIRFLOW_CONN_ variable:
+        # a variable would be fixed until a restart, and would hide the database's copy
         "RAY_AUTH_TOKEN_PATH": str(TOKEN_FILE),  # the hook reads the token from here
         "RAYML_ARTIFACT_ROOT": str(ROOT / "artifacts"),
         # the demo's only run is the one `make run` triggers (see dags/wine_quality_pipeline.py)
@@ -212,6 +209,42 @@ class AirflowClient:
         raise SystemExit(f"DAG {dag_id} was not parsed within {timeout_s:.0f} s; import errors: {errors}")
 
 
+RAY_CONN_ID = "ray_default"
+
+
+def ray_connection_extra(current: dict, sources: list[str]) -> dict:
+    """The ``ray_default`` extra for this stack: the embedded cluster, the project's artifact root, and
+    ``allowed_sources`` widened by ``sources`` (what ``SOURCE=`` gave). What else ``current`` holds stays:
+    settings a person added in the UI, and the sources earlier runs were given, so those runs can be
+    triggered again from the form."""
+    from airflow_ray_ml.confine import parse_setting
+
+    allowed = list(dict.fromkeys([*parse_setting(current.get("allowed_sources")), *sources]))
+    return {**current, "dashboard_url": f"http://127.0.0.1:{RAY_DASHBOARD_PORT}",
+            "artifact_root": str(ROOT / "artifacts"), "verify_tls": True, "allowed_sources": allowed}
+
+
+def keep_ray_connection(client: AirflowClient, sources: list[str]) -> None:
+    """Create or update ``ray_default`` in Airflow's database through the REST API, allowing ``sources``.
+
+    The connection is read where each task runs, so a ``make run SOURCE=...`` on a running stack
+    allows its files from this run on (airflow_ray_ml.confine refuses a conf's files elsewhere).
+    """
+    response = client.session.get(f"{AIRFLOW_URL}/api/v2/connections/{RAY_CONN_ID}", timeout=30)
+    if response.status_code not in (200, 404):
+        raise SystemExit(f"GET /connections/{RAY_CONN_ID} answered HTTP {response.status_code}: {response.text[:500]}")
+    # sensitive values come back as '***'; Airflow keeps the stored ones for them when they are sent back
+    current = json.loads(response.json().get("extra") or "{}") if response.status_code == 200 else {}
+    body = {"connection_id": RAY_CONN_ID, "conn_type": "ray",
+            "extra": json.dumps(ray_connection_extra(current, sources))}
+    if response.status_code == 404:
+        client.call("POST", "/connections", json=body)
+    else:
+        client.call("PATCH", f"/connections/{RAY_CONN_ID}", json=body)
+    if sources:
+        print(f"allowed sources of {RAY_CONN_ID} now include {', '.join(sources)}")
+
+
 def _param_default(params: dict, name: str):
     """A Param's default as the DAG details of the REST API give it (the DAG says it once)."""
     param = params.get(name)
@@ -222,9 +255,11 @@ def _seconds(ti: dict) -> str:
     return f"{ti['duration']:.1f}" if ti.get("duration") is not None else "-"
 
 
-def trigger(conf: dict, timeout_s: float) -> int:
+def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
+    """Trigger the DAG with ``conf`` and follow the run; ``sources`` (SOURCE='s files) are allowed first."""
     client = AirflowClient()
     client.login()
+    keep_ray_connection(client, list(sources))
     client.wait_for_dag(DAG_ID)
     check_label(conf, _param_default(client.call("GET", f"/dags/{DAG_ID}/details").get("params") or {}, "label_column"))
     client.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
@@ -496,7 +531,9 @@ def main() -> int:
     elif args.command == "down":
         down()
     else:
-        return trigger(run_conf(json.loads(args.conf), args.source, args.label, args.app, args.task), args.timeout)
+        conf = run_conf(json.loads(args.conf), args.source, args.label, args.app, args.task)
+        # the files SOURCE= names are allowed; a CONF's own "source" must lie under the allowed sources
+        return trigger(conf, args.timeout, conf["source"] if args.source.strip() else [])
     return 0
 
 

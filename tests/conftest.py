@@ -198,3 +198,13 @@ def s3_server():
 
     with seaweedfs() as server:
         yield server
+
+
+def allow_sources(monkeypatch, *roots: str) -> None:
+    """Widen the ``ray_default`` connection's allowed sources (airflow_ray_ml.confine) for one test, as
+    an Airflow admin would in its ``allowed_sources`` field; the connection is otherwise kept as it is."""
+    connection = json.loads(os.environ.get("AIRFLOW_CONN_RAY_DEFAULT") or '{"conn_type": "ray"}')
+    extra = connection.setdefault("extra", {})
+    extra.setdefault("dashboard_url", os.environ.get("RAY_DASHBOARD_URL", "http://127.0.0.1:8265"))
+    extra["allowed_sources"] = [*extra.get("allowed_sources", []), *map(str, roots)]
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps(connection))

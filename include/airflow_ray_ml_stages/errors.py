@@ -46,3 +46,20 @@ class ResourcesUnavailableError(RayMLError, RuntimeError):
     The message names what holds the cluster's resources and the fixes. Not retryable: another try
     would wait for the same holders.
     """
+
+
+QUOTE_CHARS = 60
+"""The most characters of one value (a cell, a header, a line of a file) that an error message quotes:
+enough to recognise it, never a whole line or file."""
+
+
+def quotable(value):
+    """``value`` as an error message may quote it: each text in it (also in lists and dicts) cut to
+    ``QUOTE_CHARS`` characters, the cut marked with ``...``."""
+    if isinstance(value, str):
+        return value if len(value) <= QUOTE_CHARS else value[: QUOTE_CHARS - 3] + "..."
+    if isinstance(value, dict):
+        return {quotable(key): quotable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [quotable(item) for item in value]
+    return value

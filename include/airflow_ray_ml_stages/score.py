@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.errors import DataSourceError, quotable
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.preprocessor import boolean_numbers
 from airflow_ray_ml_stages.specs import ScoreResult, ScoreSpec
@@ -125,7 +125,7 @@ class BatchScorer:
             values = pd.to_numeric(frame[column], errors="coerce")
             bad = ~np.isfinite(values.to_numpy(dtype="float64", na_value=np.nan))
             if bad.any():
-                sample = batch.loc[bad, columns].head(SAMPLE_ROWS).to_dict(orient="records")
+                sample = quotable(batch.loc[bad, columns].head(SAMPLE_ROWS).to_dict(orient="records"))
                 self._fail(f"column {column!r} has {int(bad.sum())} non-numeric, missing or infinite value(s) "
                            f"in this batch, e.g. rows {sample}; fix or drop those rows")
             frame[column] = values
@@ -140,7 +140,7 @@ class BatchScorer:
         for column, allowed in self.model.preprocessor.categories.items():
             bad = ~frame[column].isin(allowed)
             if bad.any():
-                seen = sorted({str(v) for v in frame.loc[bad, column].head(20)})
+                seen = quotable(sorted({str(v) for v in frame.loc[bad, column].head(20)}))
                 self._fail(f"column {column!r} has value(s) {seen} the model was not trained on; allowed: {allowed}")
         out = batch.copy()
         predicted = self.model.predict_frame(frame)

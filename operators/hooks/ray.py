@@ -169,6 +169,7 @@ class RayHook(BaseHook):
             "artifact_root": None,
             "serve_url": None,
             "storage_conn_id": None,
+            "allowed_sources": None,
         }
 
     def _connection_settings(self, connection: Any) -> dict[str, Any]:
@@ -186,6 +187,7 @@ class RayHook(BaseHook):
             "artifact_root": extra.get("artifact_root") or None,
             "serve_url": extra.get("serve_url") or None,
             "storage_conn_id": extra.get("storage_conn_id") or None,
+            "allowed_sources": extra.get("allowed_sources") or None,
         }
 
     @cached_property
@@ -264,6 +266,11 @@ class RayHook(BaseHook):
     def artifact_root(self) -> str | None:
         """The connection's artifact root, else ``RAYML_ARTIFACT_ROOT``; None when neither is set."""
         return self._settings["artifact_root"] or os.environ.get(DEFAULT_ARTIFACT_ROOT_ENV) or None
+
+    @property
+    def allowed_sources(self) -> str | list[str] | None:
+        """The connection's ``allowed_sources`` as given (airflow_ray_ml.confine reads it)."""
+        return self._settings["allowed_sources"]
 
     def get_token(self) -> str | None:
         return resolve_token(self._settings["token"])

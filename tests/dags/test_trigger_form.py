@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import ROOT, load_dag, serialize_project_dags
+from tests.conftest import ROOT, allow_sources, load_dag, serialize_project_dags
 from tests.dags.wine_conf import DAG_ID, build_tasks
 from tests.plugins.api_server import running_api_server
 
@@ -137,7 +137,7 @@ def test_trigger_form_opens_the_main_params_and_collapses_the_sections(form):
 
 
 def test_trigger_form_as_a_person_fills_it_runs_and_every_task_accepts_the_conf(form, api_server, dag,
-                                                                                tmp_path):
+                                                                                tmp_path, monkeypatch):
     # two files, a blank line between them and a newline after the last, as people type them
     form.locator("#element_source").fill("/data/red.csv\n\n/data/white.csv\n")
     _number(form, "label_min").fill("9")  # the range the wrong way round
@@ -157,6 +157,7 @@ def test_trigger_form_as_a_person_fills_it_runs_and_every_task_accepts_the_conf(
     assert conf["source"] == ["/data/red.csv", "", "/data/white.csv", ""]
     assert (conf["label_min"], conf["label_max"]) == (9, 3)
     assert conf["families"] == ["xgboost"] and conf["searcher"] == "optuna" and conf["time_budget_s"] is None
+    allow_sources(monkeypatch, "/data")  # the files lie under the allowed sources (airflow_ray_ml.confine)
     built = build_tasks(dag, conf, str(tmp_path))
     assert built["preprocess"]["source"] == ["/data/red.csv", "/data/white.csv"]
     assert built["preprocess"]["label_range"] == [3, 9]

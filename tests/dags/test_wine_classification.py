@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import requests
 
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag
 from tests.dags.test_wine_pipeline import ROW, _states
 from tests.operators.test_ray_job import _xcom
 
@@ -101,7 +101,9 @@ def churn_table(rows: int, seed: int) -> pd.DataFrame:
                          "churned": np.where(score > 0.5, "yes", "no")})
 
 
-def test_a_table_that_is_not_wine_with_a_text_label_runs_to_a_served_classifier(airflow_db, ray_conn, tmp_path):
+def test_a_table_that_is_not_wine_with_a_text_label_runs_to_a_served_classifier(airflow_db, ray_conn, tmp_path,
+                                                                                 monkeypatch):
+    allow_sources(monkeypatch, tmp_path)  # the table's folder, as an admin widens the allowed sources
     path = tmp_path / "customers.csv"
     table = churn_table(1200, seed=4)
     table.to_csv(path, index=False)

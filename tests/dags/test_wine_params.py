@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag
 from tests.dags.wine_conf import build_tasks, trigger_params
 
 NO_BOUND = sys.float_info.max
@@ -24,7 +24,8 @@ def dag():
 
 
 @pytest.fixture
-def build(dag, tmp_path):
+def build(dag, tmp_path, monkeypatch):
+    allow_sources(monkeypatch, "/data")  # where these confs' files are (airflow_ray_ml.confine)
     return lambda **conf: build_tasks(dag, conf, str(tmp_path))
 
 
@@ -170,3 +171,12 @@ def test_params_deploy_fields_left_empty_serve_under_the_label_name(dag, build, 
 def test_params_schema_change_setting_reaches_the_deploy(dag, build):
     assert build()["deploy"]["on_schema_change"] == "promote"
     assert build(on_schema_change="refuse")["deploy"]["on_schema_change"] == "refuse"
+
+
+@pytest.mark.parametrize("source", [["/etc/passwd"], ["/data/red.csv", "/data/../etc/shadow"],
+                                    ["http://169.254.169.254/latest/meta-data/"]])
+def test_params_source_outside_the_allowed_sources_fails_data_files(build, source):
+    from airflow_ray_ml.errors import SourceNotAllowedError
+
+    with pytest.raises(SourceNotAllowedError, match="'allowed_sources' field of the Airflow connection 'ray_default'"):
+        build(source=source)

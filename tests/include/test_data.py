@@ -668,3 +668,42 @@ def test_preprocessor_saved_before_booleans_loads_and_encodes_its_true_false_cat
     out = loaded.transform(pd.DataFrame({"age": [30.0, 4.0], "alone": ["True", "False"]}))
     assert out.columns.tolist() == saved["output_columns"] and out["alone=True"].tolist() == [1.0, 0.0]
     assert json.loads(loaded.to_json()) == saved  # written back unchanged
+# -- what a data error quotes ---------------------------------------------------------------------
+
+LONG = "aws_secret_access_key=" + "K" * 400  # a value far longer than an error may quote
+
+
+def _long_value_files(folder, frame: pd.DataFrame) -> dict[str, tuple[str, dict]]:
+    """{case: (file, extra spec fields)}: each file puts LONG where the data stage quotes the data."""
+    small = frame.head(40).copy()
+    text = small.astype({"alcohol": str})
+    text.loc[7, "alcohol"] = LONG
+    text.to_csv(folder / "text.csv", index=False)  # the typed read fails: the CSV is diagnosed
+    text.to_parquet(folder / "text.parquet", index=False)  # read as text: the batch's finding
+    (folder / "header.csv").write_text(f"{LONG},quality\n")
+    (folder / "rows.csv").write_text(wine.to_uci_csv(small.head(5)).decode().replace("\n", f";{LONG}\n", 2))
+    classes = small.assign(quality=[f"{LONG}-{index}" for index in range(len(small))])
+    classes.to_csv(folder / "classes.csv", index=False)
+    return {
+        "non-numeric csv": ("text.csv", {}),
+        "non-numeric parquet": ("text.parquet", {"categorical_columns": [wine.TYPE_COLUMN]}),
+        "header without rows": ("header.csv", {}),
+        "wrong delimiter": ("rows.csv", {"delimiter": ","}),
+        "too many classes": ("classes.csv", {"task": "classification", "max_categories": 5}),
+    }
+
+
+@pytest.mark.parametrize("case", ["non-numeric csv", "non-numeric parquet", "header without rows", "wrong delimiter",
+                                  "too many classes"])
+def test_data_stage_error_cuts_each_quoted_value_to_quote_chars(frame, tmp_path, case):
+    from airflow_ray_ml_stages.data.stage import run_preprocess
+    from airflow_ray_ml_stages.errors import QUOTE_CHARS, DataSourceError
+
+    file, fields = _long_value_files(tmp_path, frame)[case]
+    spec = PreprocessSpec(source=[str(tmp_path / file)], artifact_dir=str(tmp_path / "out"), label_column=wine.LABEL,
+                          **fields)
+    with pytest.raises(DataSourceError) as caught:
+        run_preprocess(spec)
+    message = str(caught.value)
+    assert case == "too many classes" or str(tmp_path / file) in message  # named in full: only the data is cut
+    assert "..." in message and LONG[:QUOTE_CHARS] not in message and len(message) < 1200, message

@@ -123,3 +123,13 @@ def test_example_dag_profiles_a_generated_table_with_the_users_script(airflow_db
     humidity = profile["columns"]["humidity_pct"]
     assert humidity["missing"] > 0 and humidity["count"] + humidity["missing"] == 3000
     assert 20 <= humidity["min"] < humidity["max"] <= 100
+
+
+@pytest.mark.integration
+def test_example_dag_table_outside_the_allowed_sources_fails_before_the_job(airflow_db, ray_conn):
+    when = datetime(2026, 4, 5, tzinfo=timezone.utc)
+    dag_run = load_dag("ray_job_example", ROOT / "dags").test(logical_date=when, run_after=when,
+                                                               run_conf={"source": "/etc/passwd"})
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert dag_run.state == "failed" and states == {"table": "failed", "profile": "upstream_failed"}
+    assert _jobs_of(RayHook(), base_submission_id("ray_job_example", dag_run.run_id, "profile")) == []

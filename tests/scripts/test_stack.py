@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
 import pytest
+import requests
 
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag
 from tests.operators.test_ray_job import _xcom
 
 _SPEC = importlib.util.spec_from_file_location("stack", ROOT / "scripts" / "stack.py")
@@ -55,10 +60,57 @@ def test_check_label_refuses_a_label_that_is_not_a_column_before_any_run(tmp_pat
     assert stack.file_columns(str(semicolons)) == ["fixed acidity", "quality"]
 
 
+def test_ray_connection_extra_adds_the_sources_to_the_allowed_ones_and_keeps_the_rest(monkeypatch):
+    current = {"allowed_sources": "/srv/shared\n/data/rent.csv", "auth_token": "***", "dashboard_url": "http://old:1"}
+    extra = stack.ray_connection_extra(current, ["/data/rent.csv", "https://data.example.com/pub/flats.csv"])
+    assert extra["allowed_sources"] == ["/srv/shared", "/data/rent.csv", "https://data.example.com/pub/flats.csv"]
+    assert extra["auth_token"] == "***"  # sent back redacted, Airflow keeps the stored token
+    assert extra["dashboard_url"] == f"http://127.0.0.1:{stack.RAY_DASHBOARD_PORT}"
+    assert extra["artifact_root"] == str(ROOT / "artifacts")
+    monkeypatch.delenv("AIRFLOW_CONN_RAY_DEFAULT", raising=False)
+    assert "AIRFLOW_CONN_RAY_DEFAULT" not in stack.airflow_env()  # a variable would hide the database's copy
+
+
+def _stored_connection_extra(conn_id: str) -> dict:
+    """The connection's extra as Airflow's own CLI reads it from the database (decrypted; no variable set)."""
+    env = {key: value for key, value in os.environ.items() if key != f"AIRFLOW_CONN_{conn_id.upper()}"}
+    done = subprocess.run([sys.executable, "-m", "airflow", "connections", "get", conn_id, "-o", "json"],
+                          capture_output=True, text=True, env=env, check=True)
+    (connection,) = json.loads(done.stdout)
+    return connection["extra_dejson"]
+
+
+@pytest.mark.integration
+def test_keep_ray_connection_on_a_running_api_server_allows_each_runs_sources_in_the_database(
+        airflow_db, tmp_path, monkeypatch):
+    from tests.plugins.api_server import running_api_server
+
+    first, second = write_rent_table(tmp_path / "rent.csv", rows=20), write_rent_table(tmp_path / "flats.csv", rows=20)
+    with running_api_server(tmp_path, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True") as base:
+        monkeypatch.setattr(stack, "AIRFLOW_URL", base)
+        connection = f"{base}/api/v2/connections/{stack.RAY_CONN_ID}"
+        client = stack.AirflowClient()  # every user is an admin here: no login
+        try:
+            stack.keep_ray_connection(client, [first])  # the first `make run SOURCE=`: created
+            assert json.loads(requests.get(connection, timeout=10).json()["extra"])["allowed_sources"] == [first]
+            # a person sets a token and another root in the UI, then `make run SOURCE=flats.csv` runs
+            extra = json.loads(requests.get(connection, timeout=10).json()["extra"])
+            extra.update(auth_token="s3cret-token", allowed_sources="\n".join([*extra["allowed_sources"], "/srv/shared"]))
+            requests.patch(connection, timeout=10, json={"connection_id": stack.RAY_CONN_ID, "conn_type": "ray",
+                                                         "extra": json.dumps(extra)}).raise_for_status()
+            stack.keep_ray_connection(client, [second])
+            stored = _stored_connection_extra(stack.RAY_CONN_ID)
+            assert stored["allowed_sources"] == [first, "/srv/shared", second]
+            assert stored["auth_token"] == "s3cret-token"  # kept, though the API showed it redacted
+        finally:  # other tests find ray_default undefined unless they set it
+            requests.delete(connection, timeout=10)
+
+
 @pytest.mark.integration
 def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_scoring(
-        airflow_db, ray_conn, tmp_path):
+        airflow_db, ray_conn, tmp_path, monkeypatch):
     source = write_rent_table(tmp_path / "rent.csv")
+    allow_sources(monkeypatch, source)  # what `make run SOURCE=` adds to the connection
     # the splits are written with the first scaler (standard); the model is trained with another
     search = {"family": "xgboost", "scaler": "minmax", "xgboost": {"num_boost_round": 40}}
     conf = stack.run_conf({"num_trials": 1, "search_space": search}, source=source, label="rent")

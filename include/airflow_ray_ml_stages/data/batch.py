@@ -17,6 +17,7 @@ from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 from airflow_ray_ml_stages.data.schema import NULL_TOKENS, ColumnPlan
 from airflow_ray_ml_stages.data.sources import SAMPLE_ROWS
 from airflow_ray_ml_stages.data.split import hash_columns, split_of_hashes
+from airflow_ray_ml_stages.errors import quotable
 from airflow_ray_ml_stages.preprocessor import boolean_numbers
 
 
@@ -279,7 +280,7 @@ class Batch:
         files: dict[str, int] = {}
         for code in np.flatnonzero(per_source):
             files[self.sources[code]] = files.get(self.sources[code], 0) + int(per_source[code])
-        samples = [{"file": self.uri(i), **{k: _jsonable(v) for k, v in self.record(i, ctx).items()}}
+        samples = [{"file": self.uri(i), **quotable({k: _jsonable(v) for k, v in self.record(i, ctx).items()})}
                    for i in indexes[:SAMPLE_ROWS]]
         return {"count": int(len(indexes)), "files": files, "samples": samples}
 
@@ -363,7 +364,8 @@ def _finding(frame: pd.DataFrame, uris, mask: np.ndarray) -> dict[str, Any]:
     files: dict[str, int] = {}
     for index in indexes:
         files[uris[index]] = files.get(uris[index], 0) + 1
-    samples = [{"file": uris[i], **{k: _jsonable(v) for k, v in frame.iloc[i].items()}} for i in indexes[:SAMPLE_ROWS]]
+    samples = [{"file": uris[i], **quotable({k: _jsonable(v) for k, v in frame.iloc[i].items()})}
+               for i in indexes[:SAMPLE_ROWS]]
     return {"count": int(len(indexes)), "files": files, "samples": samples}
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from airflow_ray_ml_stages.data.batch import Batch, BatchContext
 from airflow_ray_ml_stages.data.split import STRATA_BINS, split_of_bins, stratified_cuts
 from airflow_ray_ml_stages.data.validation import merge_finding
-from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.errors import DataSourceError, quotable
 
 SAMPLE_CLASSES = 5
 
@@ -123,7 +123,7 @@ def fit_classes(classes_total: dict[str, Any], ctx: BatchContext) -> tuple[list[
     if len(keys) > ctx.max_categories:
         raise DataSourceError(
             f"label column {ctx.label!r} has more distinct classes than max_categories={ctx.max_categories}, "
-            f"e.g. {classes[:SAMPLE_CLASSES]}: use task='regression' for a numeric target, label_threshold to make "
+            f"e.g. {quotable(classes[:SAMPLE_CLASSES])}: use task='regression' for a numeric target, label_threshold to make "
             f"two classes, or raise max_categories"
         )
     if len(keys) < 2:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_ray_ml_stages.data.sources import SourceLayout, filesystem_of
-from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.errors import DataSourceError, quotable
 from airflow_ray_ml_stages.preprocessor import BOOLEAN_WORDS
 from airflow_ray_ml_stages.specs import PreprocessSpec
 
@@ -175,7 +175,7 @@ def _label_is_text(layout: SourceLayout, spec: PreprocessSpec) -> bool:
     """
     if spec.task != "classification" or not _looks_categorical(layout, spec.label_column):
         return False
-    sample = sorted(set(_head_values(layout, spec.label_column)))[:5]
+    sample = quotable(sorted(set(_head_values(layout, spec.label_column)))[:5])
     if spec.label_threshold is not None:
         raise DataSourceError(
             f"label_threshold={spec.label_threshold} makes two classes of a numeric label, but label column "

@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.errors import DataSourceError, quotable
 from airflow_ray_ml_stages.specs import PreprocessSpec
 from airflow_ray_ml_stages.tables import PARQUET_SUFFIXES, colour_from_name, detect_delimiter, open_url
 from airflow_ray_ml_stages.wine import TYPE_COLUMN
@@ -116,7 +116,7 @@ def inspect_source(uri: str, path: str, spec: PreprocessSpec) -> SourceLayout:
         if not lines or not lines[0].strip():
             raise DataSourceError(f"{uri!r} has no header row on its first line: give a CSV file with a header")
         if not any(line.strip() for line in lines[1:]):
-            raise DataSourceError(f"{uri!r} has a header ({lines[0][:200]!r}) but no data rows")
+            raise DataSourceError(f"{uri!r} has a header ({quotable(lines[0])!r}) but no data rows")
         header = lines[0]
         delimiter = detect_delimiter(header) if spec.delimiter == "auto" else spec.delimiter
         columns = next(csv.reader([header], delimiter=delimiter, quotechar='"'))
@@ -125,8 +125,8 @@ def inspect_source(uri: str, path: str, spec: PreprocessSpec) -> SourceLayout:
             other = others[0]
             raise DataSourceError(
                 f"{uri!r}: the header looks {DELIMITER_NAMES[other]}-separated ({other!r}) but is read as "
-                f"{DELIMITER_NAMES[delimiter]}-separated ({delimiter!r}): columns {columns}; first rows "
-                f"{lines[1:1 + SAMPLE_ROWS]}. Set delimiter={other!r} (or 'auto'); the UCI files use ';'"
+                f"{DELIMITER_NAMES[delimiter]}-separated ({delimiter!r}): columns {quotable(columns)}; first rows "
+                f"{quotable(lines[1:1 + SAMPLE_ROWS])}. Set delimiter={other!r} (or 'auto'); the UCI files use ';'"
             )
         layout = SourceLayout(uri, path, "csv", delimiter, columns, head=head, size=size)
     duplicates = _duplicates(layout.columns)

@@ -29,7 +29,7 @@ from airflow_ray_ml_stages.data.schema import plan_columns
 from airflow_ray_ml_stages.data.sources import download, fingerprint_sources, inspect_source, reader_path
 from airflow_ray_ml_stages.data.split import SPLIT_COLUMN, SPLITS
 from airflow_ray_ml_stages.data.validation import diagnose_csv, raise_findings
-from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.errors import DataSourceError, quotable
 from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor
 from airflow_ray_ml_stages.specs import PreprocessResult, PreprocessSpec
 from airflow_ray_ml_stages.stage import run_stage
@@ -113,7 +113,7 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         if len(values) > spec.max_categories:
             raise DataSourceError(
                 f"categorical column {column!r} has {len(values)} distinct training values (more than "
-                f"max_categories={spec.max_categories}), e.g. {values[:5]}: leave it out (drop_columns) or "
+                f"max_categories={spec.max_categories}), e.g. {quotable(values[:5])}: leave it out (drop_columns) or "
                 "raise max_categories"
             )
         categories[column] = values

@@ -16,7 +16,7 @@ from airflow_ray_ml_stages.data.batch import BAD_VALUES, Batch, BatchContext
 from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 from airflow_ray_ml_stages.data.schema import NULL_TOKENS, ColumnPlan
 from airflow_ray_ml_stages.data.sources import SAMPLE_ROWS, SourceLayout, filesystem_of
-from airflow_ray_ml_stages.errors import DataSourceError
+from airflow_ray_ml_stages.errors import DataSourceError, quotable
 
 
 def merge_finding(into: dict[str, dict], found: dict[str, dict]) -> None:
@@ -117,11 +117,11 @@ def diagnose_csv(layouts: list[SourceLayout], plan: ColumnPlan, chunk_rows: int 
                     bad = pd.to_numeric(text, errors="coerce").isna() & ~text.str.strip().isin(NULL_TOKENS)
                     if bad.any():
                         rows = chunk[bad].head(SAMPLE_ROWS)
-                        samples = [{"line": int(number * chunk_rows + index + 2), **row}
+                        samples = [quotable({"line": int(number * chunk_rows + index + 2), **row})
                                    for index, row in zip(rows.index - chunk.index[0], rows.to_dict("records"))]
                         raise DataSourceError(
                             f"column {column!r} must be numeric but {layout.uri!r} has non-numeric value(s) "
-                            f"{sorted(set(text[bad].head(10)))}; sample rows: {json.dumps(samples)}. Fix the values, "
+                            f"{quotable(sorted(set(text[bad].head(10))))}; sample rows: {json.dumps(samples)}. Fix the values, "
                             f"or {_text_fix(column, plan.label)}"
                         )
 
