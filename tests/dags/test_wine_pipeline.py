@@ -15,7 +15,7 @@ from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.ray_serve import app_model_version
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
-from tests.conftest import ROOT, extra_cluster, load_dag
+from tests.conftest import ROOT, allow_sources, extra_cluster, load_dag
 from tests.operators.test_ray_job import _xcom
 from tests.scripts.test_stack import write_rent_table
 
@@ -167,9 +167,10 @@ def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray
 
 
 def test_wine_form_run_on_another_label_with_default_deploy_fields_serves_under_the_label_name(
-        airflow_db, ray_conn, tmp_path):
+        airflow_db, ray_conn, tmp_path, monkeypatch):
     table = pd.read_csv(write_rent_table(tmp_path / "rent.csv", rows=800))
     source = tmp_path / "flats.csv"
+    allow_sources(monkeypatch, tmp_path)  # the table's folder, as an admin widens the allowed sources
     table.rename(columns={"rent": "Monthly Rent"}).to_csv(source, index=False)
     dag = load_dag("wine_quality_pipeline", ROOT / "dags")
     # as the trigger form sends it: every Param, the Deploy fields as they start (one typed in and cleared)
