@@ -136,7 +136,10 @@ class TuneRun:
         return TuneRunRef(self.dag_id, self.run_id, self.task_id, self.map_index).selector
 
 
-def _tune_query(dag_ids: set[str]):
+def _tune_query(dag_ids: set[str], key: str = LEADERBOARD_KEY, state: str = "success"):
+    """XComs ``key`` of the task instances in ``dag_ids`` that ended in ``state``, newest first: the
+    leaderboards of successful Tune runs, or (``FAILURE_XCOM_KEY``, ``"failed"``) the failure records
+    of failed tasks of any stage."""
     from sqlalchemy import and_, select
 
     from airflow.models.taskinstance import TaskInstance
@@ -150,31 +153,14 @@ def _tune_query(dag_ids: set[str]):
                                  TaskInstance.run_id == XComModel.run_id,
                                  TaskInstance.task_id == XComModel.task_id,
                                  TaskInstance.map_index == XComModel.map_index))
-        .where(XComModel.key == LEADERBOARD_KEY, XComModel.dag_id.in_(sorted(dag_ids)),
-               TaskInstance.state == TaskInstanceState.SUCCESS)
+        .where(XComModel.key == key, XComModel.dag_id.in_(sorted(dag_ids)),
+               TaskInstance.state == TaskInstanceState(state))
         .order_by(XComModel.timestamp.desc())
     )
 
 
 def _failed_tune_query(dag_ids: set[str]):
-    """The failure records of failed task instances in ``dag_ids``, newest first (any stage's)."""
-    from sqlalchemy import and_, select
-
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.models.xcom import XComModel
-    from airflow.utils.state import TaskInstanceState
-
-    return (
-        select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index,
-               XComModel.timestamp, XComModel.value)
-        .join(TaskInstance, and_(TaskInstance.dag_id == XComModel.dag_id,
-                                 TaskInstance.run_id == XComModel.run_id,
-                                 TaskInstance.task_id == XComModel.task_id,
-                                 TaskInstance.map_index == XComModel.map_index))
-        .where(XComModel.key == FAILURE_XCOM_KEY, XComModel.dag_id.in_(sorted(dag_ids)),
-               TaskInstance.state == TaskInstanceState.FAILED)
-        .order_by(XComModel.timestamp.desc())
-    )
+    return _tune_query(dag_ids, FAILURE_XCOM_KEY, "failed")
 
 
 def _tune_failure(raw: Any) -> dict[str, Any] | None:

@@ -51,17 +51,23 @@ class ColumnPlan:
         return sorted(self.used)
 
 
+def _parquet_type(layout: SourceLayout, column: str):
+    """The Arrow type of ``column`` in a Parquet source's schema."""
+    import pyarrow.parquet as pq
+
+    filesystem, inner = filesystem_of(layout.path)
+    with filesystem.open_input_file(inner) as handle:
+        return pq.ParquetFile(handle).schema_arrow.field(column).type
+
+
 def _looks_categorical(layout: SourceLayout, column: str) -> bool:
     """True when every non-empty value of ``column`` in the file's first rows is non-numeric."""
     if column in layout.derived:
         return True
     if layout.file_format == "parquet":
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        filesystem, inner = filesystem_of(layout.path)
-        with filesystem.open_input_file(inner) as handle:
-            kind = pq.ParquetFile(handle).schema_arrow.field(column).type
+        kind = _parquet_type(layout, column)
         return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind)
     values = _head_values(layout, column)
     return bool(values) and not any(_is_number(value) for value in values)
@@ -73,12 +79,9 @@ def _looks_boolean(layout: SourceLayout, column: str) -> bool:
         return False
     if layout.file_format == "parquet":
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        filesystem, inner = filesystem_of(layout.path)
-        with filesystem.open_input_file(inner) as handle:
-            if pa.types.is_boolean(pq.ParquetFile(handle).schema_arrow.field(column).type):
-                return True
+        if pa.types.is_boolean(_parquet_type(layout, column)):
+            return True
         if not _looks_categorical(layout, column):
             return False
     values = _head_values(layout, column)
