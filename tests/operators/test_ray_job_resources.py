@@ -140,12 +140,12 @@ def test_train_workers_far_above_the_clusters_cpus_fail_in_seconds_and_leave_no_
     from airflow_ray_ml.job_status import base_submission_id
     from tests.conftest import load_dag
     from tests.operators.test_ray_job import _jobs_of
-    from tests.train_data import as_preprocess_xcom
 
     when = datetime(2026, 8, 1, tzinfo=timezone.utc)
-    data = as_preprocess_xcom({"train_uri": "/nowhere/train", "validation_uri": "/nowhere/validation",
-                               "test_uri": "/nowhere/test", "feature_columns": ["a"], "label_column": "y",
-                               "preprocessor_uri": "/nowhere/preprocessor.json", "data_fingerprint": ""})
+    # a preprocess XCom whose files are never read: the request is refused before any job
+    data = {"split_uris": {split: f"/nowhere/{split}" for split in ("train", "validation", "test")},
+            "rows": {"train": 700, "validation": 150, "test": 150}, "feature_columns": ["a"], "label_column": "y",
+            "preprocessor_uri": "/nowhere/preprocessor.json", "fingerprint": ""}
     started = time.monotonic()
     with structlog.testing.capture_logs(processors=[structlog.processors.format_exc_info]) as records:
         dag_run = load_dag("train_too_many_workers").test(
