@@ -371,7 +371,8 @@ class LoadedModel:
                 problems.append(problem(where, f"breaks the schema's {keyword!r}: {_short.repr(expected)}", keyword))
             if len(problems) >= MAX_PROBLEMS:
                 break
-        return problems
+        # one schema error may name several fields (each missing or unknown feature of a row)
+        return problems[:MAX_PROBLEMS]
 
     # -- predicting -----------------------------------------------------------------------------
 

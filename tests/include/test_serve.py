@@ -22,7 +22,7 @@ import requests
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.preprocessor import Preprocessor
 from airflow_ray_ml_stages.serve import (
-    APP_IMPORT_PATH, DEPLOYMENT_NAME, MAX_INSTANCES, VALIDATION_ERROR_SCHEMA, LoadedModel, hash_api_key,
+    APP_IMPORT_PATH, DEPLOYMENT_NAME, MAX_INSTANCES, MAX_PROBLEMS, VALIDATION_ERROR_SCHEMA, LoadedModel, hash_api_key,
     read_json_body,
 )
 
@@ -183,6 +183,17 @@ def test_check_body_too_many_rows_gets_one_clear_problem(model_dirs):
     _, body = _predict(LoadedModel.load(model_dirs["regression"]), {"instances": [[]] * 5000})
     assert body["detail"] == [{"loc": ["body", "instances"], "type": "too_long",
                                "msg": "at most 1024 rows a request, got 5000: split them into several requests"}]
+
+
+def test_check_body_rows_naming_many_unknown_features_list_at_most_max_problems(model_dirs):
+    model = LoadedModel.load(model_dirs["boolean"])
+    # 60 rows of one unknown feature each and 70 unknown features in one row: each part alone fits
+    # the limit, together they pass it, and the 70 come from a single schema error
+    rows = [{"x": 1.0, "flag": True, f"extra{index}": 1} for index in range(60)]
+    rows.append({"x": 1.0, "flag": True, **{f"more{index}": 1 for index in range(70)}})
+    status, body = _predict(model, {"instances": rows})
+    assert status == 422 and len(body["detail"]) == MAX_PROBLEMS
+    jsonschema.validate(body, VALIDATION_ERROR_SCHEMA)  # what the endpoint's OpenAPI promises for a 422
 
 
 @pytest.mark.parametrize(("name", "classes"), [("multiclass", [3, 5, 7]), ("binary", ["stayed", "churned"])])
