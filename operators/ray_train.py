@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ray_ml.contract import coerce_value
 from airflow_ray_ml.stage import PREPROCESSED_FIELDS, StageOperator
-from airflow_ray_ml_stages.capacity import ResourceRequest
+from airflow_ray_ml_stages.capacity import Capacity, ResourceRequest
 from airflow_ray_ml_stages.specs import TrainSpec
 from airflow_ray_ml_stages.train.sizing import plan_training
 
@@ -87,8 +87,7 @@ class RayTrainOperator(StageOperator):
 
     def advertised_gpus(self) -> float:
         """GPUs the cluster's alive nodes advertise in total."""
-        return float(sum(node["total"].get("GPU", 0) for node in self.hook.get_cluster_resources().values()
-                         if node.get("state") == "ALIVE"))
+        return Capacity.of_nodes(self.hook.get_nodes()).total_gpus
 
     def resource_requests(self, spec: dict[str, Any] | None) -> list[ResourceRequest]:
         """The Ray Train workers ``num_workers`` asks for (CPUs only: without its GPUs a worker trains on CPU)."""

@@ -288,10 +288,9 @@ def _scheduler(spec: TuneSpec):
                          grace_period=spec.asha_grace_period, reduction_factor=spec.asha_reduction_factor)
 
 
-def _plan(spec: TuneSpec, compute: ComputeSpec, capacity: Capacity, train_rows: int
+def _plan(spec: TuneSpec, space: SearchSpace, compute: ComputeSpec, capacity: Capacity, train_rows: int
           ) -> tuple[TrialPlan, str | None]:
     """Each trial's resources and how many run at once; CPU when the cluster has no GPU to give (and why)."""
-    space = spec.space()
     threads = trial_threads(train_rows, len(spec.feature_columns), compute.cpus_per_worker)
     choices = [choose_device(compute, family=family, rows=train_rows, features=len(spec.feature_columns),
                              iterations=space.max_budget(family), accelerator=spec.accelerator)
@@ -418,7 +417,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     ray.init(address="auto", logging_level=logging.WARNING,
              runtime_env={"env_vars": missing_env} if missing_env else None)
     capacity = live_capacity()
-    plan, fallback = _plan(spec, compute, capacity, train_rows)
+    plan, fallback = _plan(spec, space, compute, capacity, train_rows)
     resources = {"cpu": plan.cpus, "gpu": plan.gpus}
     if fallback:
         log.warning("GPU fallback: %s", fallback)
