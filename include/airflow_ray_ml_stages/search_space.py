@@ -33,12 +33,12 @@ distribution takes scalars only. Nothing here imports Ray.
 from __future__ import annotations
 
 import copy
-import math
 import sys
 from typing import Any
 
 from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.errors import SpecError
+from airflow_ray_ml_stages.spec_base import is_number
 from airflow_ray_ml_stages.train.config import (
     FAMILIES,
     HYPERPARAMETER_CONSTRAINTS,
@@ -96,10 +96,6 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _domain(where: str, value: Any) -> tuple[str, Any] | None:
     """``(kind, argument)`` of a domain, None for a fixed value; SpecError quoting a bad one.
 
@@ -115,7 +111,7 @@ def _domain(where: str, value: Any) -> tuple[str, Any] | None:
         if not isinstance(argument, list) or not argument:
             raise SpecError(f"search_space{where}: {kind} needs a non-empty list of options, got {argument!r}")
         return kind, argument
-    if not (isinstance(argument, list) and len(argument) == 2 and all(_is_number(x) for x in argument)):
+    if not (isinstance(argument, list) and len(argument) == 2 and all(is_number(x) for x in argument)):
         raise SpecError(f"search_space{where}: {kind} needs [low, high] numbers, got {argument!r}")
     # A form's schema cannot compare the two bounds, so their order is read rather than refused.
     low, high = sorted(argument)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, TypeVar
 
 from airflow_ray_ml_stages.errors import SpecError
@@ -59,6 +60,30 @@ def require_int_range(owner: str, name: str, value: Any, low: int, high: int | N
     ):
         upper = "" if high is None else f" and <= {high}"
         raise SpecError(f"{owner}.{name} must be an integer >= {low}{upper}, got {value!r}")
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, as JSON has them: a bool is not one (Python counts True as 1), nor NaN or infinity."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def require_positive(owner: str, name: str, value: Any, *, or_zero: bool = False, or_none: bool = False,
+                     unit: str = "") -> None:
+    """``value`` is a number > 0 (``or_zero``: >= 0; ``or_none``: or None), in ``unit`` (e.g. seconds) if given."""
+    if value is None and or_none:
+        return
+    if is_number(value) and (value > 0 or (or_zero and value == 0)):
+        return
+    what = f"a number{' of ' + unit if unit else ''} {'>=' if or_zero else '>'} 0{' or null' if or_none else ''}"
+    if isinstance(value, bool):
+        fix = "; true/false is not a number: give the number itself"
+    elif isinstance(value, str):
+        fix = "; give the number itself, not text"
+    elif isinstance(value, float) and not math.isfinite(value):
+        fix = "; give a finite number"
+    else:
+        fix = ""
+    raise SpecError(f"{owner}.{name} must be {what}, got {value!r}{fix}")
 
 
 def require_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 
 from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES, DEFAULT_METRIC, SCALERS, TASK_METRICS, TASKS, task_of
 from airflow_ray_ml_stages.errors import SpecError
-from airflow_ray_ml_stages.spec_base import JsonDataclass, require_choice, require_int_range, require_non_empty
+from airflow_ray_ml_stages.spec_base import (
+    JsonDataclass, is_number, require_choice, require_int_range, require_non_empty, require_positive,
+)
 # The train stage's config: TrainSpec checks its config with resolve_train_config, and the
 # family defaults are the documented place to look them up (airflow_ray_ml_stages.specs.LIGHTNING_DEFAULTS).
 from airflow_ray_ml_stages.train.config import LIGHTNING_DEFAULTS, XGBOOST_DEFAULTS, resolve_train_config  # noqa: F401
@@ -108,8 +110,8 @@ class ComputeSpec(JsonDataclass):
             raise SpecError(f"ComputeSpec.use_gpu must be true or false, got {self.use_gpu!r}")
         require_int_range("ComputeSpec", "num_workers", self.num_workers, 1)
         require_choice("ComputeSpec", "accelerator", self.accelerator, ACCELERATORS)
-        if not isinstance(self.cpus_per_worker, (int, float)) or self.cpus_per_worker <= 0:
-            raise SpecError(f"ComputeSpec.cpus_per_worker must be a number > 0, got {self.cpus_per_worker!r}")
+        require_positive("ComputeSpec", "cpus_per_worker", self.cpus_per_worker)
+        require_positive("ComputeSpec", "gpus_per_worker", self.gpus_per_worker, or_zero=True)
         if self.use_gpu != (self.gpus_per_worker > 0) or self.use_gpu != (self.accelerator == "gpu"):
             raise SpecError(
                 "ComputeSpec is inconsistent: use_gpu, gpus_per_worker > 0 and accelerator == 'gpu' "
@@ -154,9 +156,7 @@ class ProbeSpec(StageSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("wait_for_gpu_s", "smoke_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SpecError(f"ProbeSpec.{name} must be a number of seconds >= 0, got {value!r}")
+            require_positive("ProbeSpec", name, getattr(self, name), or_zero=True, unit="seconds")
         require_int_range("ProbeSpec", "max_workers", self.max_workers, 1)
 
 
@@ -179,10 +179,6 @@ def _require_str_list(owner: str, name: str, value: Any, allow_none: bool = True
     duplicates = sorted({item for item in value if value.count(item) > 1})
     if duplicates:
         raise SpecError(f"{owner}.{name} names {duplicates} more than once, got {value!r}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
 def _require_label_column(owner: str, value: Any) -> None:
@@ -261,7 +257,7 @@ class PreprocessSpec(StageSpec):
         _require_label_column(owner, self.label_column)
         require_choice(owner, "task", self.task, TASKS)
         if self.label_threshold is not None:
-            if not _is_number(self.label_threshold) or self.label_threshold in (float("inf"), float("-inf")):
+            if not is_number(self.label_threshold):
                 raise SpecError(f"{owner}.label_threshold must be a finite number or null, got {self.label_threshold!r}")
             if self.task != "classification":
                 raise SpecError(f"{owner}.label_threshold makes two classes of the label: it needs "
@@ -284,7 +280,7 @@ class PreprocessSpec(StageSpec):
         if (
             not isinstance(self.split, list)
             or len(self.split) != 3
-            or not all(_is_number(part) and part >= 0 for part in self.split)
+            or not all(is_number(part) and part >= 0 for part in self.split)
             or abs(sum(self.split) - 1.0) > 1e-9
             or self.split[0] <= 0
         ):
@@ -305,7 +301,7 @@ class PreprocessSpec(StageSpec):
         if self.label_range is not None and (
             not isinstance(self.label_range, list)
             or len(self.label_range) != 2
-            or not all(_is_number(bound) for bound in self.label_range)
+            or not all(is_number(bound) for bound in self.label_range)
             or self.label_range[0] > self.label_range[1]
         ):
             raise SpecError(f"{owner}.label_range must be [low, high] numbers with low <= high, got {self.label_range!r}")
@@ -472,10 +468,9 @@ class TrainSpec(StageSpec):
         require_int_range("TrainSpec", "seed", self.seed, 0)
         require_choice("TrainSpec", "data_loading", self.data_loading, DATA_LOADING)
         require_choice("TrainSpec", "placement_strategy", self.placement_strategy, PLACEMENT_STRATEGIES)
-        value = self.gpu_placement_timeout_s
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise SpecError(f"TrainSpec.gpu_placement_timeout_s must be a number of seconds >= 0, got {value!r}")
-        _require_seconds("TrainSpec", "resource_wait_s", self.resource_wait_s)
+        require_positive("TrainSpec", "gpu_placement_timeout_s", self.gpu_placement_timeout_s, or_zero=True,
+                         unit="seconds")
+        require_positive("TrainSpec", "resource_wait_s", self.resource_wait_s, unit="seconds")
 
     @property
     def family(self) -> str:
@@ -556,9 +551,7 @@ class ScoreSpec(StageSpec):
             require_non_empty("ScoreSpec", "prediction_column", self.prediction_column)
         require_int_range("ScoreSpec", "batch_size", self.batch_size, 1)
         require_int_range("ScoreSpec", "concurrency", self.concurrency, 1)
-        value = self.cpus_per_actor
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise SpecError(f"ScoreSpec.cpus_per_actor must be a number > 0, got {value!r}")
+        require_positive("ScoreSpec", "cpus_per_actor", self.cpus_per_actor)
 
 
 @dataclasses.dataclass
@@ -580,13 +573,6 @@ SEARCHERS = ("random", "optuna")
 TUNE_SCHEDULERS = ("asha", "none")
 TUNE_METRICS = {f"val_{name}": mode for metrics in TASK_METRICS.values() for name, mode in metrics.items()}
 """The metrics a search can optimise (on the validation split) and their direction; each task takes its own."""
-
-
-def _require_seconds(owner: str, name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise SpecError(f"{owner}.{name} must be a number of seconds > 0{' or null' if allow_none else ''}, got {value!r}")
 
 
 @dataclasses.dataclass
@@ -699,15 +685,11 @@ class TuneSpec(StageSpec):
         require_int_range(owner, "num_samples", self.num_samples, 1)
         if self.max_concurrent_trials is not None:
             require_int_range(owner, "max_concurrent_trials", self.max_concurrent_trials, 1)
-        if self.cpus_per_trial is not None and (
-            isinstance(self.cpus_per_trial, bool) or not isinstance(self.cpus_per_trial, (int, float))
-            or self.cpus_per_trial <= 0
-        ):
-            raise SpecError(f"{owner}.cpus_per_trial must be a number > 0 or null, got {self.cpus_per_trial!r}")
+        require_positive(owner, "cpus_per_trial", self.cpus_per_trial, or_none=True)
         ComputeSpec.from_dict(self.compute)
         require_choice(owner, "accelerator", self.accelerator, ACCELERATOR_CHOICES)
-        _require_seconds(owner, "time_budget_s", self.time_budget_s, allow_none=True)
-        _require_seconds(owner, "resource_wait_s", self.resource_wait_s)
+        require_positive(owner, "time_budget_s", self.time_budget_s, or_none=True, unit="seconds")
+        require_positive(owner, "resource_wait_s", self.resource_wait_s, unit="seconds")
         require_int_range(owner, "reports_per_trial", self.reports_per_trial, 1)
         require_int_range(owner, "asha_grace_period", self.asha_grace_period, 1)
         require_int_range(owner, "asha_reduction_factor", self.asha_reduction_factor, 2)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from airflow_ray_ml_stages.errors import SpecError
-from airflow_ray_ml_stages.specs import GenerateResult, GenerateSpec, PreprocessSpec, TrainSpec, TuneSpec
+from airflow_ray_ml_stages.specs import (
+    ComputeSpec, GenerateResult, GenerateSpec, PreprocessSpec, ProbeSpec, ScoreSpec, TrainSpec, TuneSpec,
+)
 
 
 def test_spec_json_round_trip_keeps_every_field():
@@ -74,3 +76,54 @@ def test_spec_without_label_column_says_it_is_required_and_what_it_is(spec_type,
     assert str(caught.value) == (f"{spec_type.__name__}.label_column is required: the column to predict "
                                  f"(label_column='<column>'); got {got}")
     assert spec_type.from_dict({"artifact_dir": "/tmp/a", **fields, "label_column": "price"}).label_column == "price"
+
+
+_TRAIN_DATA = {"train_uri": "/d/t", "validation_uri": "/d/v", "test_uri": "/d/e", "feature_columns": ["a"],
+               "label_column": "y"}
+_TUNE_DATA = {"train_uri": "/d/t", "validation_uri": "/d/v", "feature_columns": ["a"], "label_column": "y",
+              "preprocessor_uri": "/d/p"}
+_SPECS = {  # each spec with the least it needs to be valid
+    "ComputeSpec": (ComputeSpec, ComputeSpec.cpu("test").to_dict()),
+    "ProbeSpec": (ProbeSpec, {"artifact_dir": "/tmp/a"}),
+    "ScoreSpec": (ScoreSpec, {"artifact_dir": "/tmp/a", "input_uri": "/d/in.csv", "model_dir": "/d/model"}),
+    "TrainSpec": (TrainSpec, {"artifact_dir": "/tmp/a", **_TRAIN_DATA}),
+    "TuneSpec": (TuneSpec, {"artifact_dir": "/tmp/a", **_TUNE_DATA}),
+}
+# Every field checked as a positive number: (spec, field, what it must be, a valid value at its lower edge).
+POSITIVE_FIELDS = [
+    ("ComputeSpec", "cpus_per_worker", "a number > 0", 0.25),
+    ("ComputeSpec", "gpus_per_worker", "a number >= 0", 0),
+    ("ProbeSpec", "wait_for_gpu_s", "a number of seconds >= 0", 0),
+    ("ProbeSpec", "smoke_timeout_s", "a number of seconds >= 0", 0),
+    ("ScoreSpec", "cpus_per_actor", "a number > 0", 0.1),
+    ("TrainSpec", "gpu_placement_timeout_s", "a number of seconds >= 0", 0),
+    ("TrainSpec", "resource_wait_s", "a number of seconds > 0", 0.5),
+    ("TuneSpec", "cpus_per_trial", "a number > 0 or null", None),
+    ("TuneSpec", "time_budget_s", "a number of seconds > 0 or null", None),
+    ("TuneSpec", "resource_wait_s", "a number of seconds > 0", 0.5),
+]
+
+
+@pytest.mark.parametrize(("owner", "name", "what", "edge"), POSITIVE_FIELDS)
+@pytest.mark.parametrize(("bad", "fix"), [
+    (True, "; true/false is not a number: give the number itself"),
+    (False, "; true/false is not a number: give the number itself"),
+    ("2", "; give the number itself, not text"),
+    (float("nan"), "; give a finite number"),
+    (float("inf"), "; give a finite number"),
+    (-1, ""),
+])
+def test_positive_field_bad_value_is_refused_quoting_field_value_and_fix(owner, name, what, edge, bad, fix):
+    spec_type, valid = _SPECS[owner]
+    with pytest.raises(SpecError) as caught:
+        spec_type.from_dict({**valid, name: bad})
+    assert str(caught.value) == f"{owner}.{name} must be {what}, got {bad!r}{fix}"
+
+
+@pytest.mark.parametrize(("owner", "name", "what", "edge"), POSITIVE_FIELDS)
+def test_positive_field_takes_its_edge_and_refuses_zero_or_null_where_it_must(owner, name, what, edge):
+    spec_type, valid = _SPECS[owner]
+    assert getattr(spec_type.from_dict({**valid, name: edge}), name) == edge
+    for refused in [value for value in (0, None) if value != edge and not (value == 0 and ">= 0" in what)]:
+        with pytest.raises(SpecError, match=f"{owner}.{name} must be {what}, got {refused!r}$"):
+            spec_type.from_dict({**valid, name: refused})
