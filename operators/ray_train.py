@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ray_ml.contract import coerce_value
-from airflow_ray_ml.stage import PREPROCESSED_FIELDS, StageOperator
+from airflow_ray_ml.stage import StageOperator
 from airflow_ray_ml_stages.capacity import Capacity, ResourceRequest
-from airflow_ray_ml_stages.specs import TrainSpec
+from airflow_ray_ml_stages.specs import TrainSpec, preprocessed_fields
 from airflow_ray_ml_stages.train.sizing import plan_training
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class RayTrainOperator(StageOperator):
     """
 
     spec_type: ClassVar[type] = TrainSpec
-    derived_fields = tuple(PREPROCESSED_FIELDS)
+    derived_fields = tuple(preprocessed_fields(TrainSpec))
     own_template_fields = ("data",)
     template_fields_renderers = {**StageOperator.template_fields_renderers, "data": "json", "config": "json",
                                  "compute": "json"}
@@ -50,7 +50,7 @@ class RayTrainOperator(StageOperator):
         self.data = data
 
     def build_spec(self, context: Context) -> dict[str, Any]:
-        return {**super().build_spec(context), **self.preprocessed(self.data, self.derived_fields)}
+        return {**super().build_spec(context), **self.preprocessed(self.data)}
 
     def job_gpus(self, spec: dict[str, Any]) -> float:
         """GPUs the job's own process needs for ``spec``: the planned run's, from the data's row counts."""

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ray_ml.stage import StageOperator
 from airflow_ray_ml_stages.capacity import ResourceRequest
-from airflow_ray_ml_stages.specs import TuneSpec
+from airflow_ray_ml_stages.specs import TuneSpec, preprocessed_fields
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,8 +31,7 @@ class RayTuneOperator(StageOperator):
     """
 
     spec_type: ClassVar[type] = TuneSpec
-    derived_fields = ("train_uri", "validation_uri", "feature_columns", "label_column", "preprocessor_uri",
-                      "preprocessor_variants", "data_fingerprint", "classes")
+    derived_fields = tuple(preprocessed_fields(TuneSpec))
     own_template_fields = ("data",)
     template_fields_renderers = {
         **StageOperator.template_fields_renderers, "data": "json", "search_space": "json", "compute": "json",
@@ -44,7 +43,7 @@ class RayTuneOperator(StageOperator):
         self.data = data
 
     def build_spec(self, context: Context) -> dict[str, Any]:
-        return {**super().build_spec(context), **self.preprocessed(self.data, self.derived_fields)}
+        return {**super().build_spec(context), **self.preprocessed(self.data)}
 
     def resource_requests(self, spec: dict[str, Any] | None) -> list[ResourceRequest]:
         """One trial of ``cpus_per_trial`` CPUs, where set (the stage sizes trials to the cluster otherwise)."""

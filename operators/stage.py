@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ray_ml.contract import coerce_value, field_default, params_doc, spec_fields
 from airflow_ray_ml.errors import InvalidSpecError
 from airflow_ray_ml.ray_job import RayJobOperator
+from airflow_ray_ml_stages.specs import preprocessed_fields
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-# A preprocess task's XCom (airflow_ray_ml_stages.specs.PreprocessResult) as the data fields of the train and tune specs.
-PREPROCESSED_FIELDS: dict[str, tuple[str, ...]] = {
-    "train_uri": ("split_uris", "train"),
-    "validation_uri": ("split_uris", "validation"),
-    "test_uri": ("split_uris", "test"),
-    "feature_columns": ("feature_columns",),
-    "label_column": ("label_column",),
-    "preprocessor_uri": ("preprocessor_uri",),
-    "preprocessor_variants": ("preprocessor_variants",),
-    "data_fingerprint": ("fingerprint",),
-    "classes": ("classes",),
-}
-OPTIONAL_PREPROCESSED = ("preprocessor_variants", "classes")  # None where the data has none (regression: no classes)
 
 
 class StageOperator(RayJobOperator):
@@ -60,8 +47,13 @@ class StageOperator(RayJobOperator):
     def build_spec(self, context: Context) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.spec_arguments}
 
-    def preprocessed(self, data: Any, needed: Sequence[str]) -> dict[str, Any]:
-        """The ``needed`` data fields from a preprocess task's XCom (``data=preprocess.output``)."""
+    def preprocessed(self, data: Any) -> dict[str, Any]:
+        """The spec's data fields from a preprocess task's XCom (``data=preprocess.output``).
+
+        Which fields, and where each is in the XCom, the spec declares
+        (``airflow_ray_ml_stages.specs.preprocessed_fields``).
+        """
+        needed = preprocessed_fields(self.spec_type)
         data = coerce_value(data, dict, f"{self.task_id}.data")
         if not isinstance(data, dict):
             raise InvalidSpecError(
@@ -71,10 +63,10 @@ class StageOperator(RayJobOperator):
         fields: dict[str, Any] = {}
         for name in needed:
             value: Any = data
-            for key in PREPROCESSED_FIELDS[name]:
+            for key in needed[name].path:
                 value = value.get(key) if isinstance(value, dict) else None
             fields[name] = value
-        missing = [name for name in needed if fields[name] is None and name not in OPTIONAL_PREPROCESSED]
+        missing = [name for name in needed if fields[name] is None and not needed[name].optional]
         if missing:
             raise InvalidSpecError(
                 f"task {self.task_id!r}: data lacks {missing} (keys {sorted(data)}); pass the preprocess task's "

@@ -355,27 +355,105 @@ def require_variants(owner: str, variants: Any) -> None:
         raise SpecError(f"{owner}.preprocessor_variants must map scalers {list(SCALERS)} to URIs, got {variants!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class FromPreprocess:
+    """Where a spec field's value is in a preprocess task's XCom (a :class:`PreprocessResult` as a dict).
+
+    :param path: the keys leading to it (``("split_uris", "train")``).
+    :param optional: None there is a value (the data has none: regression has no classes); otherwise
+        None means the XCom is not a preprocess manifest.
+    """
+
+    path: tuple[str, ...]
+    optional: bool = False
+
+
+_FROM_PREPROCESS = "from_preprocess"
+
+
+def from_preprocess(*path: str, default: Any = None, default_factory: Any = None, optional: bool = False) -> Any:
+    """A spec field whose value an operator takes from the preprocess XCom at ``path``."""
+    metadata = {_FROM_PREPROCESS: FromPreprocess(path, optional)}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def preprocessed_fields(spec_type: type) -> dict[str, FromPreprocess]:
+    """The fields of ``spec_type`` that come from a preprocess task's XCom, in field order, with where each is."""
+    return {field.name: field.metadata[_FROM_PREPROCESS] for field in dataclasses.fields(spec_type)
+            if _FROM_PREPROCESS in field.metadata}
+
+
+@dataclasses.dataclass
+class PreprocessedData(StageSpec):
+    """The preprocessed data a model stage reads: the fields and checks TuneSpec and TrainSpec share.
+
+    Each field names where it is in the preprocess manifest (:func:`from_preprocess`), so the
+    operators fill them from ``data=preprocess.output`` (:func:`preprocessed_fields`), and the JSON
+    keeps them flat beside the stage's own fields.
+
+    :param train_uri: the preprocessed training split (Parquet file or directory).
+    :param validation_uri: the validation split: early stopping, the validation metrics, and the
+        score every tune trial is ranked by.
+    :param feature_columns: the feature columns, in the order the models take them.
+    :param label_column: the column to predict; required (no default).
+    :param classes: classification: the label's classes from the preprocess manifest (the splits
+        hold class indexes into them); None: regression.
+    :param preprocessor_uri: the preprocessor the splits were written with (its JSON), copied
+        unchanged into the model directory; None: the data is used as written, and no config or
+        search space may ask for a scaler.
+    :param preprocessor_variants: ``{scaler: preprocessor JSON URI}`` from the preprocess manifest:
+        the scalers a config may name instead of ``preprocessor_uri``'s; the features are mapped to
+        it exactly (affine, no refit) and that variant goes into the model directory.
+    :param data_fingerprint: the data's fingerprint, recorded in the model card and the leaderboard.
+    """
+
+    train_uri: str = from_preprocess("split_uris", "train", default="")
+    validation_uri: str = from_preprocess("split_uris", "validation", default="")
+    feature_columns: list[str] = from_preprocess("feature_columns", default_factory=list)
+    label_column: str = from_preprocess("label_column", default="")  # required: "" only keeps the field order valid
+    classes: list[Any] | None = from_preprocess("classes", optional=True)
+    preprocessor_uri: str | None = from_preprocess("preprocessor_uri")
+    preprocessor_variants: dict[str, str] | None = from_preprocess("preprocessor_variants", optional=True)
+    data_fingerprint: str = from_preprocess("fingerprint", default="")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        owner = type(self).__name__
+        for name in ("train_uri", "validation_uri"):
+            require_non_empty(owner, name, getattr(self, name))
+        _require_label_column(owner, self.label_column)
+        if not isinstance(self.feature_columns, list) or not self.feature_columns or any(
+            not isinstance(column, str) or not column for column in self.feature_columns
+        ):
+            raise SpecError(f"{owner}.feature_columns must be a non-empty list of column names, "
+                            f"got {self.feature_columns!r}")
+        if self.label_column in self.feature_columns:
+            raise SpecError(f"{owner}.label_column {self.label_column!r} is also listed in feature_columns")
+        if self.preprocessor_uri is not None:
+            require_non_empty(owner, "preprocessor_uri", self.preprocessor_uri)
+        require_variants(owner, self.preprocessor_variants)
+        require_classes(owner, self.classes)
+        if not isinstance(self.data_fingerprint, str):
+            raise SpecError(f"{owner}.data_fingerprint must be a string, got {self.data_fingerprint!r}")
+
+    @property
+    def task(self) -> str:
+        return task_of(self.classes)
+
+
 DATA_LOADING = ("auto", "ray_data", "direct")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
 
 
 @dataclasses.dataclass
-class TrainSpec(StageSpec):
+class TrainSpec(PreprocessedData):
     """Spec of the ``train`` stage: fit one model family on Ray Train and write a model directory.
 
-    :param train_uri: Parquet file or directory of the preprocessed training split.
-    :param validation_uri: the validation split (early stopping and validation metrics).
+    The data fields (splits, columns, classes, preprocessor, fingerprint) are :class:`PreprocessedData`'s.
+
     :param test_uri: the held-out test split (the model card's test metrics).
-    :param feature_columns: the numeric feature columns, in the order the model takes them.
-    :param label_column: the column to predict; required (no default).
-    :param classes: classification: the label's classes from the preprocess manifest (the splits
-        hold class indexes into them); None: regression.
-    :param preprocessor_uri: the preprocessor the splits were written with (its JSON), copied
-        unchanged into the model directory, or None.
-    :param preprocessor_variants: ``{scaler: preprocessor JSON URI}`` from the preprocess manifest.
-        When ``config["scaler"]`` names another scaler than ``preprocessor_uri``'s, the features are
-        mapped to it exactly (affine, no refit) and that variant goes into the model directory.
-    :param data_fingerprint: the upstream data's fingerprint, recorded in the model card.
     :param config: ``family`` (``lightning`` or ``xgboost``) and hyperparameters; a RayTune best
         config can be passed as is. Missing hyperparameters take the family's defaults.
     :param compute: the GPU probe's compute spec (``ComputeSpec`` as a dict); default: one CPU worker.
@@ -410,15 +488,7 @@ class TrainSpec(StageSpec):
     """
 
     stage: ClassVar[str] = "train"
-    train_uri: str = ""
-    validation_uri: str = ""
-    test_uri: str = ""
-    feature_columns: list[str] = dataclasses.field(default_factory=list)
-    label_column: str = ""  # required: the empty default only keeps the field order valid
-    classes: list[Any] | None = None
-    preprocessor_uri: str | None = None
-    preprocessor_variants: dict[str, str] | None = None
-    data_fingerprint: str = ""
+    test_uri: str = from_preprocess("split_uris", "test", default="")
     config: dict[str, Any] = dataclasses.field(default_factory=lambda: {"family": "lightning"})
     compute: dict[str, Any] = dataclasses.field(default_factory=default_compute)
     accelerator: str = "auto"
@@ -436,21 +506,8 @@ class TrainSpec(StageSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("train_uri", "validation_uri", "test_uri", "model_subdir"):
+        for name in ("test_uri", "model_subdir"):
             require_non_empty("TrainSpec", name, getattr(self, name))
-        _require_label_column("TrainSpec", self.label_column)
-        if not isinstance(self.feature_columns, list) or not self.feature_columns or any(
-            not isinstance(column, str) or not column for column in self.feature_columns
-        ):
-            raise SpecError(f"TrainSpec.feature_columns must be a non-empty list of column names, got {self.feature_columns!r}")
-        if self.label_column in self.feature_columns:
-            raise SpecError(f"TrainSpec.label_column {self.label_column!r} is also listed in feature_columns")
-        if self.preprocessor_uri is not None:
-            require_non_empty("TrainSpec", "preprocessor_uri", self.preprocessor_uri)
-        require_variants("TrainSpec", self.preprocessor_variants)
-        require_classes("TrainSpec", self.classes)
-        if not isinstance(self.data_fingerprint, str):
-            raise SpecError(f"TrainSpec.data_fingerprint must be a string, got {self.data_fingerprint!r}")
         resolve_train_config(self.config)
         if self.scaler is not None and self.preprocessor_uri is None:
             raise SpecError(
@@ -475,10 +532,6 @@ class TrainSpec(StageSpec):
     @property
     def family(self) -> str:
         return self.config.get("family", "lightning")
-
-    @property
-    def task(self) -> str:
-        return task_of(self.classes)
 
     @property
     def scaler(self) -> str | None:
@@ -576,20 +629,12 @@ TUNE_METRICS = {f"val_{name}": mode for metrics in TASK_METRICS.values() for nam
 
 
 @dataclasses.dataclass
-class TuneSpec(StageSpec):
+class TuneSpec(PreprocessedData):
     """Spec of the ``tune`` stage: search model family x scaler x hyperparameters with Ray Tune.
 
-    :param train_uri: the preprocessed training split (Parquet file or directory).
-    :param validation_uri: the validation split: every trial is scored on it. The test split is
-        not an input: it is never used for choosing.
-    :param feature_columns: the feature columns, in the order the models take them.
-    :param label_column: the column to predict; required (no default).
-    :param classes: classification: the label's classes from the preprocess manifest; None: regression.
-    :param preprocessor_uri: the preprocessor the splits were written with; None: the data is used
-        as written, and the search space may not ask for a scaler.
-    :param preprocessor_variants: ``{scaler: URI}`` from the preprocess manifest: the scalers a
-        trial may map the features to (exactly, without refitting).
-    :param data_fingerprint: the data's fingerprint, recorded in the leaderboard's outputs.
+    The data fields (splits, columns, classes, preprocessor, fingerprint) are :class:`PreprocessedData`'s.
+    The test split is not an input: it is never used for choosing.
+
     :param search_space: see :mod:`airflow_ray_ml_stages.search_space`; None: ``DEFAULT_SEARCH_SPACE``.
     :param metric: the validation metric to optimise, one of the task's: ``val_rmse``, ``val_mae``,
         ``val_acc_0_5``, ``val_acc_1_0`` (regression), ``val_log_loss``, ``val_accuracy``,
@@ -631,14 +676,6 @@ class TuneSpec(StageSpec):
     """
 
     stage: ClassVar[str] = "tune"
-    train_uri: str = ""
-    validation_uri: str = ""
-    feature_columns: list[str] = dataclasses.field(default_factory=list)
-    label_column: str = ""  # required: the empty default only keeps the field order valid
-    classes: list[Any] | None = None
-    preprocessor_uri: str | None = None
-    preprocessor_variants: dict[str, str] | None = None
-    data_fingerprint: str = ""
     search_space: dict[str, Any] | None = None
     metric: str | None = None
     searcher: str = "random"
@@ -662,21 +699,6 @@ class TuneSpec(StageSpec):
         owner = "TuneSpec"
         if not isinstance(self.reuse_actors, bool):
             raise SpecError(f"{owner}.reuse_actors must be true or false, got {self.reuse_actors!r}")
-        for name in ("train_uri", "validation_uri"):
-            require_non_empty(owner, name, getattr(self, name))
-        _require_label_column(owner, self.label_column)
-        if not isinstance(self.feature_columns, list) or not self.feature_columns or any(
-            not isinstance(column, str) or not column for column in self.feature_columns
-        ):
-            raise SpecError(f"{owner}.feature_columns must be a non-empty list of column names, got {self.feature_columns!r}")
-        if self.label_column in self.feature_columns:
-            raise SpecError(f"{owner}.label_column {self.label_column!r} is also listed in feature_columns")
-        if self.preprocessor_uri is not None:
-            require_non_empty(owner, "preprocessor_uri", self.preprocessor_uri)
-        require_variants(owner, self.preprocessor_variants)
-        if not isinstance(self.data_fingerprint, str):
-            raise SpecError(f"{owner}.data_fingerprint must be a string, got {self.data_fingerprint!r}")
-        require_classes(owner, self.classes)
         if self.metric is None:
             self.metric = f"val_{DEFAULT_METRIC[self.task]}"
         require_choice(owner, "metric", self.metric, tuple(f"val_{name}" for name in TASK_METRICS[self.task]))
@@ -710,10 +732,6 @@ class TuneSpec(StageSpec):
                 f"{owner}.search_space asks for scaler(s) {asked} but no preprocessor_uri says how the splits "
                 "were scaled; pass the preprocess manifest's preprocessor_uri and preprocessor_variants"
             )
-
-    @property
-    def task(self) -> str:
-        return task_of(self.classes)
 
     @property
     def mode(self) -> str:

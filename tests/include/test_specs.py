@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.specs import (
-    ComputeSpec, GenerateResult, GenerateSpec, PreprocessSpec, ProbeSpec, ScoreSpec, TrainSpec, TuneSpec,
+    ComputeSpec, GenerateResult, GenerateSpec, PreprocessResult, PreprocessSpec, ProbeSpec, ScoreSpec, TrainSpec,
+    TuneSpec, preprocessed_fields,
 )
 
 
@@ -127,3 +130,33 @@ def test_positive_field_takes_its_edge_and_refuses_zero_or_null_where_it_must(ow
     for refused in [value for value in (0, None) if value != edge and not (value == 0 and ">= 0" in what)]:
         with pytest.raises(SpecError, match=f"{owner}.{name} must be {what}, got {refused!r}$"):
             spec_type.from_dict({**valid, name: refused})
+
+
+@pytest.mark.parametrize(("spec_type", "valid"), [(TrainSpec, _SPECS["TrainSpec"][1]), (TuneSpec, _SPECS["TuneSpec"][1])])
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"train_uri": ""}, ".train_uri must be a non-empty string, got ''"),
+    ({"feature_columns": []}, ".feature_columns must be a non-empty list of column names, got []"),
+    ({"feature_columns": ["a", "y"]}, ".label_column 'y' is also listed in feature_columns"),
+    ({"classes": ["only"]}, ".classes must be null (regression) or a list of two or more distinct"),
+    ({"preprocessor_variants": {"robust": "/d/r"}}, ".preprocessor_variants must map scalers"),
+    ({"preprocessor_uri": " "}, ".preprocessor_uri must be a non-empty string, got ' '"),
+    ({"data_fingerprint": 3}, ".data_fingerprint must be a string, got 3"),
+])
+def test_model_spec_bad_data_field_is_refused_naming_the_spec(spec_type, valid, fields, message):
+    with pytest.raises(SpecError) as caught:
+        spec_type.from_dict({**valid, **fields})
+    assert str(caught.value).startswith(spec_type.__name__ + message), str(caught.value)
+
+
+@pytest.mark.parametrize("spec_type", [TrainSpec, TuneSpec])
+def test_model_spec_data_fields_stay_flat_in_its_json_and_name_their_place_in_the_preprocess_manifest(spec_type):
+    valid = _SPECS[spec_type.__name__][1]
+    spec = spec_type.from_dict({**valid, "classes": ["low", "high"], "data_fingerprint": "f1"})
+    assert spec.to_dict()["classes"] == ["low", "high"] and spec.to_dict()["data_fingerprint"] == "f1"
+    assert spec.task == "classification" and spec_type.from_json(spec.to_json()) == spec
+    manifest_keys = {field.name for field in dataclasses.fields(PreprocessResult)}
+    sources = preprocessed_fields(spec_type)
+    assert set(sources) >= {"train_uri", "validation_uri", "feature_columns", "label_column", "data_fingerprint"}
+    for name, source in sources.items():
+        assert source.path[0] in manifest_keys, (name, source)
+    assert ("test_uri" in sources) is (spec_type is TrainSpec)  # the test split is never an input of choosing

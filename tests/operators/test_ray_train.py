@@ -316,7 +316,8 @@ def test_train_operator_takes_the_label_column_from_the_preprocess_xcom(tmp_path
 
 def test_train_operator_without_the_preprocess_xcom_says_what_to_pass(tmp_path):
     operator = _operator(data={"split_uris": {"train": "/d/train"}}, artifact_root=str(tmp_path))
-    with pytest.raises(RayOperatorError, match=r"data lacks \['validation_uri', 'test_uri', 'feature_columns'.*"
+    with pytest.raises(RayOperatorError, match=r"data lacks \['validation_uri', 'feature_columns', 'label_column', "
+                                               r"'preprocessor_uri', 'data_fingerprint', 'test_uri'\].*"
                                                r"data=preprocess.output"):
         operator.full_spec({"ti": _TI(), "run_id": "r1"})
 
