@@ -360,8 +360,8 @@ class FromPreprocess:
     """Where a spec field's value is in a preprocess task's XCom (a :class:`PreprocessResult` as a dict).
 
     :param path: the keys leading to it (``("split_uris", "train")``).
-    :param optional: None there is a value (the data has none: regression has no classes); otherwise
-        None means the XCom is not a preprocess manifest.
+    :param optional: a None (or absent) value there is the field's value: the data has none (a
+        regression has no classes). For the other fields it means the XCom is not a whole manifest.
     """
 
     path: tuple[str, ...]
