@@ -146,8 +146,9 @@ class FakeJobsApi:
         self.jobs: dict[str, FakeJob] = {}
         self.requests: list[Seen] = []
         self.packages: set[str] = set()
-        # the state a submitted job starts in (Ray's are PENDING for about a second, then RUNNING)
+        # the state and log a submitted job starts with (Ray's are PENDING for about a second, then RUNNING)
         self.submitted_status = "RUNNING"
+        self.submitted_log = ""
         self._scripts: dict[tuple[str, str], deque] = {}
         self._lock = threading.Lock()
         self._sockets: set[Any] = set()
@@ -217,7 +218,6 @@ class FakeJobsApi:
             loop.run_until_complete(runner.cleanup())
             loop.close()
 
-        self._runner = runner
         self._thread = threading.Thread(target=serve, name=f"fake-jobs-api-{self.port}", daemon=True)
         self._thread.start()
         if not ready.wait(10):
@@ -351,7 +351,7 @@ class FakeJobsApi:
         submission_id = request.get("submission_id") or f"raysubmit_{uuid.uuid4().hex[:16]}"
         if submission_id in self.jobs:
             return Answer.recorded("submit_exists", submission_id)
-        self.jobs[submission_id] = FakeJob(submission_id, self.submitted_status, submitted=request)
+        self.jobs[submission_id] = FakeJob(submission_id, self.submitted_status, self.submitted_log, submitted=request)
         return Answer.recorded("submit", submission_id)
 
     def _stop(self, job: FakeJob) -> Answer:
