@@ -19,8 +19,6 @@ def _generate_dag(dag_id: str, rows: int, deferrable: bool = False) -> DAG:
 
 
 core_manifest = _generate_dag("core_manifest", rows=500)
-core_retry = _generate_dag("core_retry", rows=500)
-core_kill = _generate_dag("core_kill", rows=400_000)
 core_deferred = _generate_dag("core_deferred", rows=500, deferrable=True)
 
 # The job starts, then cannot write its artifacts: it crashes before any manifest.

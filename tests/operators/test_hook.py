@@ -1,4 +1,5 @@
-"""RayHook: URL and token resolution, clear errors, and a real cluster's answers."""
+"""RayHook: URL and token resolution, and clear errors, against the fake Jobs API that answers as Ray does
+(tests/operators/fake_jobs_api.py). Real jobs go through the hook in every integration test."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
 from airflow_ray_ml.hooks.ray import RayHook, normalise_dashboard_url, resolve_token
+from tests.operators.fake_jobs_api import recorded
 
 
 @pytest.mark.parametrize(
@@ -97,36 +99,134 @@ def test_hook_unreachable_cluster_one_clear_sentence(monkeypatch):
     assert ok is False and url in text
 
 
-@pytest.mark.integration
-def test_hook_test_connection_real_cluster_ok(monkeypatch, ray_cluster):
-    _set_conn(monkeypatch, "ray_ok", dashboard_url=ray_cluster.dashboard_url, auth_token=ray_cluster.token)
-    ok, text = RayHook("ray_ok").test_connection()
+def _fake_conn(monkeypatch, fake, conn_id: str, **extra):
+    _set_conn(monkeypatch, conn_id, dashboard_url=fake.url, **extra)
+
+
+def test_hook_test_connection_answering_cluster_names_its_version(fake_jobs_api):
+    ok, text = RayHook("ray_fake").test_connection()
     assert ok, text
-    assert "Ray 2." in text and ray_cluster.dashboard_url in text
+    assert f"Ray {recorded('version')['body']['ray_version']} at {fake_jobs_api.url}" in text
+    assert fake_jobs_api.count("GET", "/api/jobs/") == 1  # the Jobs API answered too, not only the version
+    assert {request.authorization for request in fake_jobs_api.requests} == {f"Bearer {fake_jobs_api.token}"}
 
 
-@pytest.mark.integration
-def test_hook_missing_or_wrong_token_says_how_to_fix(monkeypatch, ray_cluster, tmp_path):
+def test_hook_missing_or_wrong_token_says_how_to_fix(monkeypatch, fake_jobs_api, tmp_path):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token-here"))
-    _set_conn(monkeypatch, "ray_notoken", dashboard_url=ray_cluster.dashboard_url)
+    _fake_conn(monkeypatch, fake_jobs_api, "ray_notoken")
     with pytest.raises(RayAuthError, match="HTTP 401.*RAY_AUTH_TOKEN"):
         RayHook("ray_notoken").check_access()
-    _set_conn(monkeypatch, "ray_badtoken", dashboard_url=ray_cluster.dashboard_url, auth_token="wrong")
+    ok, text = RayHook("ray_notoken").test_connection()
+    assert ok is False and "HTTP 401" in text
+    _fake_conn(monkeypatch, fake_jobs_api, "ray_badtoken", auth_token="wrong")
     with pytest.raises(RayAuthError, match="HTTP 403"):
         RayHook("ray_badtoken").check_access()
 
 
-@pytest.mark.integration
-def test_hook_cluster_resources_lists_the_head(monkeypatch, ray_cluster):
-    _set_conn(monkeypatch, "ray_res", dashboard_url=ray_cluster.dashboard_url, auth_token=ray_cluster.token)
-    nodes = RayHook("ray_res").get_cluster_resources()
-    assert len(nodes) == 1
-    (node,) = nodes.values()
-    assert node["total"]["CPU"] == 2 and node["state"] == "ALIVE"
+def test_hook_async_calls_and_log_tail_without_token_say_how_to_fix(monkeypatch, fake_jobs_api, tmp_path):
+    import asyncio
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token-here"))
+    _fake_conn(monkeypatch, fake_jobs_api, "ray_notoken")
+    fake_jobs_api.add_job("job-1")
+    with pytest.raises(RayAuthError, match="HTTP 401.*'ray_notoken'"):
+        asyncio.run(RayHook("ray_notoken").a_get_job_info("job-1"))
+    with pytest.raises(RayAuthError, match="HTTP 401.*'ray_notoken'"):
+        list(RayHook("ray_notoken").tail_job_logs("job-1", timeout_s=10))
 
 
-@pytest.mark.integration
-def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(ray_conn, tmp_path):
+def test_hook_cluster_resources_map_the_state_apis_nodes(fake_jobs_api):
+    (node,) = recorded("nodes")["body"]["data"]["result"]["result"]
+    resources = RayHook("ray_fake").get_cluster_resources()
+    assert resources == {node["node_id"]: {"total": node["resources_total"], "state": "ALIVE",
+                                           "address": node["node_ip"], "labels": node["labels"]}}
+    (request,) = fake_jobs_api.seen("GET", "/api/v0/nodes")
+    assert request.query == {"detail": "1", "limit": "1000"}
+
+
+def test_hook_slow_dashboard_times_out_as_unreachable(fake_jobs_api):
+    import asyncio
+
+    from tests.operators.fake_jobs_api import Answer
+
+    fake_jobs_api.script("GET", "/api/version", Answer.recorded("version", delay_s=3),
+                         Answer.recorded("version", delay_s=3))
+    hook = RayHook("ray_fake", timeout_s=0.5)
+    with pytest.raises(RayClusterUnreachableError, match=f"{fake_jobs_api.url} \\(ReadTimeout\\).*make run"):
+        hook.get_version()
+    with pytest.raises(RayClusterUnreachableError, match=f"{fake_jobs_api.url} \\(ReadTimeout\\)"):
+        asyncio.run(hook.a_get_version())
+
+
+def test_hook_dashboard_dying_mid_request_is_unreachable(fake_jobs_api):
+    from tests.operators.fake_jobs_api import Answer
+
+    fake_jobs_api.add_job("job-1")
+    fake_jobs_api.script("GET", "/api/jobs/job-1", Answer(drop=True))
+    with pytest.raises(RayClusterUnreachableError, match="Cannot reach the Ray cluster"):
+        RayHook("ray_fake").get_job_status("job-1")
+    assert RayHook("ray_fake").get_job_status("job-1").value == "RUNNING"  # the next answer is the job's
+
+
+def test_hook_error_answers_name_the_call_status_and_body(fake_jobs_api):
+    from tests.operators.fake_jobs_api import error
+
+    fake_jobs_api.add_job("job-1")
+    traceback = "Traceback (most recent call last):\n" + "".join(f"  frame {i}\n" for i in range(20)) + "KeyError: 'x'\n"
+    fake_jobs_api.script("GET", "/api/jobs/job-1", error(503, "overloaded"))
+    fake_jobs_api.script("GET", "/api/jobs/job-1/logs", error(500, traceback))
+    fake_jobs_api.script("POST", "/api/jobs/job-1/stop", error(500, "stop failed"))
+    fake_jobs_api.script("GET", "/api/v0/nodes", error(502, "bad gateway"))
+    hook = RayHook("ray_fake")
+    with pytest.raises(RayOperatorError, match="answered HTTP 503 for job job-1: overloaded"):
+        hook.get_job_info("job-1")
+    with pytest.raises(RayOperatorError, match="(?s)did not return the log of job job-1 \\(HTTP 500: .*KeyError: 'x'\\)") as caught:
+        hook.get_job_logs("job-1")
+    assert "frame 3" not in str(caught.value)  # the traceback's end, not all of it
+    with pytest.raises(RayOperatorError, match="did not stop job job-1 \\(HTTP 500: stop failed\\)"):
+        hook.stop_job("job-1")
+    with pytest.raises(RayOperatorError, match=f"GET {fake_jobs_api.url}/api/v0/nodes answered HTTP 502: bad gateway"):
+        hook.get_nodes()
+
+
+def test_hook_dashboard_without_jobs_api_says_so(fake_jobs_api):
+    from tests.operators.fake_jobs_api import error
+
+    fake_jobs_api.script("GET", "/api/jobs/", error(404, "Not Found"))
+    with pytest.raises(RayOperatorError, match="answered HTTP 404; is this a Ray dashboard with the job module"):
+        RayHook("ray_fake").check_access()
+
+
+def test_hook_unknown_job_is_none_empty_and_not_stopped(fake_jobs_api):
+    import asyncio
+
+    hook = RayHook("ray_fake")
+    assert hook.get_job_info("no-such-job") is None and hook.get_job_status("no-such-job") is None
+    assert hook.get_job_logs("no-such-job") == "" and hook.stop_job("no-such-job") is False
+
+    async def async_answers():
+        twin = RayHook("ray_fake")
+        return (await twin.a_get_job_status("no-such-job"), await twin.a_get_job_logs("no-such-job"),
+                await twin.a_stop_job("no-such-job"))
+
+    assert asyncio.run(async_answers()) == (None, "", False)
+    assert recorded("job_unknown")["status"] == 404 == recorded("stop_unknown")["status"]  # Ray's own answers
+    with pytest.raises(RayOperatorError, match="no-such-job does not exist"):
+        list(hook.tail_job_logs("no-such-job"))
+
+
+def test_hook_submits_through_rays_client_with_the_header(fake_jobs_api):
+    hook = RayHook("ray_fake")
+    job = hook.submit_job(entrypoint="python job.py", submission_id="job-new", metadata={"a": "1"},
+                          entrypoint_num_cpus=1)
+    assert job == "job-new" and hook.get_job_status(job).value == "RUNNING"
+    (submit,) = fake_jobs_api.seen("POST", "/api/jobs/")
+    assert submit.json()["entrypoint_num_cpus"] == 1 and submit.authorization == f"Bearer {fake_jobs_api.token}"
+    with pytest.raises(RuntimeError, match="already exists"):  # Ray's answer, which RayJobOperator attaches on
+        hook.submit_job(entrypoint="python job.py", submission_id="job-new")
+
+
+def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(fake_jobs_api, tmp_path):
     """Airflow records a task's stderr at error level: the Ray client's INFO lines must not go there."""
     import subprocess
     import sys
@@ -137,12 +237,13 @@ def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(ray_conn, t
     (tmp_path / "code" / "job.py").write_text("print('hello')\n")
     script = (
         "from airflow_ray_ml.hooks.ray import RayHook\n"
-        "client = RayHook().get_job_client()\n"
+        "client = RayHook('ray_fake').get_job_client()\n"
         f"client.submit_job(entrypoint='python job.py', runtime_env={{'working_dir': {str(tmp_path / 'code')!r}}})\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
     assert result.returncode == 0, result.stderr
+    assert [request.method for request in fake_jobs_api.requests if request.path.startswith("/api/packages/")] == ["GET", "PUT"]
     # Airflow's own log set-up (what a task's records go through) shows the record at its level
     uploads = [line for line in result.stdout.splitlines() if "Uploading package" in line]
     assert uploads and all("info" in line.lower() and "dashboard_sdk" in line for line in uploads), result.stdout
@@ -161,64 +262,88 @@ def test_operators_and_trigger_build_no_dashboard_api_urls():
     assert offenders == []
 
 
-@pytest.mark.integration
-def test_async_twins_answer_like_the_sync_calls(ray_conn):
+def test_async_twins_answer_like_the_sync_calls(fake_jobs_api):
     import asyncio
-    import time
 
-    hook = RayHook()
-    job = hook.submit_job(entrypoint="python -c \"print('twin-1'); print('twin-2', end='')\"",
-                          submission_id=f"hook-twins-{time.time_ns()}")
-    lines = list(hook.tail_job_logs(job, timeout_s=120))  # ends once the job has ended
+    log = recorded("logs", "job-1")["body"]["logs"]  # Ray's log of a job whose last line has no line end
+    fake_jobs_api.add_job("job-1", status="SUCCEEDED", log=log)
+    hook = RayHook("ray_fake")
+    lines = list(hook.tail_job_logs("job-1", timeout_s=30))  # ends once the job has ended
 
     async def async_answers():
-        twin = RayHook()
+        twin = RayHook("ray_fake")
         return {
             "version": await twin.a_get_version(),
-            "info": await twin.a_get_job_info(job),
-            "status": await twin.a_get_job_status(job),
+            "info": await twin.a_get_job_info("job-1"),
+            "status": await twin.a_get_job_status("job-1"),
             "missing": await twin.a_get_job_status("no-such-job"),
-            "logs": await twin.a_get_job_logs(job),
-            "tail": [line async for line in twin.a_tail_job_logs(job)],
-            "tail_from": [line async for line in twin.a_tail_job_logs(job, offset=len(lines[0]) + 3)],
+            "logs": await twin.a_get_job_logs("job-1"),
+            "tail": [line async for line in twin.a_tail_job_logs("job-1")],
+            "tail_from": [line async for line in twin.a_tail_job_logs("job-1", offset=len(lines[0]) + 3)],
             "jobs": await twin.a_list_jobs(),
             "nodes": await twin.a_get_nodes(),
             "serve": await twin.a_get_serve_applications(),
-            "stop": await twin.a_stop_job(job),
+            "stop": await twin.a_stop_job("job-1"),
         }
 
     answers = asyncio.run(async_answers())
     assert answers["version"] == hook.get_version()
-    assert answers["info"] == hook.get_job_info(job) and answers["status"] is hook.get_job_status(job)
+    assert answers["info"] == hook.get_job_info("job-1") and answers["status"] is hook.get_job_status("job-1")
     assert answers["status"].value == "SUCCEEDED" and answers["missing"] is None
-    logs = hook.get_job_logs(job)
-    assert answers["logs"] == logs == "".join(lines) == "".join(answers["tail"])
-    assert lines[-2:] == ["twin-1\n", "twin-2"]  # the last line had no line end
-    assert "".join(answers["tail_from"]) == logs[len(lines[0]) + 3:]
-    assert job in {j["submission_id"] for j in answers["jobs"]} and job in {j["submission_id"] for j in hook.list_jobs()}
+    assert answers["logs"] == hook.get_job_logs("job-1") == log == "".join(lines) == "".join(answers["tail"])
+    assert lines[-1][-1:] != "\n" and all(line.endswith("\n") for line in lines[:-1])
+    assert "".join(answers["tail_from"]) == log[len(lines[0]) + 3:]
+    assert [j["submission_id"] for j in answers["jobs"]] == ["job-1"] == [j["submission_id"] for j in hook.list_jobs()]
     assert [n["node_id"] for n in answers["nodes"]] == [n["node_id"] for n in hook.get_nodes()]
     assert answers["serve"].keys() == hook.get_serve_applications().keys()
-    assert answers["stop"] is False is hook.stop_job(job)  # it had ended
-    with pytest.raises(RayOperatorError, match="no-such-job does not exist"):
-        list(hook.tail_job_logs("no-such-job"))
+    assert answers["stop"] is False is hook.stop_job("job-1")  # it had ended
 
 
-@pytest.mark.integration
-def test_tail_gives_up_after_its_timeout_and_stop_ends_the_job(ray_conn):
+def test_tail_skips_its_offset_across_messages_that_split_lines(fake_jobs_api):
+    from tests.operators.fake_jobs_api import Stream
+
+    fake_jobs_api.add_job("job-1", status="SUCCEEDED")
+    path = "/api/jobs/job-1/logs/tail"
+    fake_jobs_api.script("GET", path, Stream(["li", "ne-1\nline-2\nli", "ne-3"]), Stream(["li", "ne-1\nline-2\nli", "ne-3"]))
+    hook = RayHook("ray_fake")
+    assert list(hook.tail_job_logs("job-1")) == ["line-1\n", "line-2\n", "line-3"]
+    assert list(hook.tail_job_logs("job-1", offset=len("line-1\nli"))) == ["ne-2\n", "line-3"]
+
+
+@pytest.mark.parametrize(("stream", "reason"), [
+    ({"close_code": 1011}, "websocket close code 1011"),
+    ({"drop": True}, "dropped before the job ended|Cannot reach"),
+])
+def test_tail_stream_ending_abnormally_is_unreachable_after_its_lines(fake_jobs_api, stream, reason):
+    from tests.operators.fake_jobs_api import Stream
+
+    fake_jobs_api.add_job("job-1")
+    fake_jobs_api.script("GET", "/api/jobs/job-1/logs/tail", Stream(["line-1\n"], **stream))
+    got = []
+    with pytest.raises(RayClusterUnreachableError, match=reason):
+        for line in RayHook("ray_fake").tail_job_logs("job-1", timeout_s=10):
+            got.append(line)
+    assert got == ["line-1\n"]
+
+
+def test_tail_refused_with_another_status_names_it(fake_jobs_api):
+    from tests.operators.fake_jobs_api import error
+
+    fake_jobs_api.add_job("job-1")
+    fake_jobs_api.script("GET", "/api/jobs/job-1/logs/tail", error(502, "bad gateway"))
+    with pytest.raises(RayOperatorError, match=r"/api/jobs/job-1/logs/tail \(websocket\) answered HTTP 502"):
+        list(RayHook("ray_fake").tail_job_logs("job-1"))
+
+
+def test_tail_gives_up_after_its_timeout_and_stop_ends_the_job(fake_jobs_api):
     import time
 
-    hook = RayHook()
-    job = hook.submit_job(entrypoint="python -c \"import time; time.sleep(600)\"",
-                          submission_id=f"hook-tail-timeout-{time.time_ns()}")
-    try:
-        started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            list(hook.tail_job_logs(job, timeout_s=3))
-        assert time.monotonic() - started < 10
-        assert hook.stop_job(job) is True
-        deadline = time.monotonic() + 15
-        while hook.get_job_status(job).value != "STOPPED":
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-    finally:
-        hook.stop_job(job)
+    fake_jobs_api.add_job("job-1", log="started\n")  # RUNNING: its stream stays open
+    hook = RayHook("ray_fake")
+    started, got = time.monotonic(), []
+    with pytest.raises(TimeoutError):
+        for line in hook.tail_job_logs("job-1", timeout_s=1):
+            got.append(line)
+    assert got == ["started\n"] and time.monotonic() - started < 5
+    assert hook.stop_job("job-1") is True and hook.get_job_status("job-1").value == "STOPPED"
+    assert hook.stop_job("job-1") is False  # Ray's answer for a job that had ended

@@ -1,4 +1,5 @@
-"""The job-submitting core, end to end: Airflow's dag.test() against a real local Ray cluster."""
+"""The job-submitting core: end to end with Airflow's dag.test() against a real local Ray cluster, and
+its decisions about earlier tries' jobs against the fake Jobs API (tests/operators/fake_jobs_api.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import pytest
 
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.job_status import RayJobStatus, base_submission_id
+from airflow_ray_ml.ray_job import RayJobOperator
+from airflow_ray_ml_stages.constants import MANIFEST_LOG_MARKER
 from tests.conftest import ROOT, load_dag
+from tests.operators.fake_jobs_api import Answer
+from tests.operators.test_ray_job_follow import _context
 from tests.operators.triggers.test_ray import _wait_for_status
-
-pytestmark = pytest.mark.integration
 
 LOGICAL_DATE = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
@@ -48,6 +51,7 @@ def _jobs_of(hook: RayHook, base_id: str) -> list[dict]:
     return [job for job in hook.list_jobs() if (job.get("submission_id") or "").startswith(base_id)]
 
 
+@pytest.mark.integration
 def test_stage_job_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn, artifact_root, capfd):
     dag_run = _run("core_manifest")
     assert dag_run.state == "success"
@@ -65,45 +69,44 @@ def test_stage_job_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn, ar
     assert lines and all(line.split("; dashboard: ", 1)[1].split()[0] == link["job_url"] for line in lines), lines
 
 
-def test_retry_of_same_task_run_reuses_the_succeeded_job(airflow_db, ray_conn):
-    first = _run("core_retry")
-    second = _run("core_retry")  # same run id: the task is cleared and runs again, as a retry does
-    assert first.run_id == second.run_id and second.state == "success"
-    base_id = base_submission_id("core_retry", first.run_id, "make_data")
-    assert len(_jobs_of(RayHook(), base_id)) == 1
-    assert _xcom(second, "make_data")["fingerprint"]
+def _manifest_log(rows: int) -> str:
+    """A generate job's log: its marked manifest line, as the stage writes it."""
+    manifest = {"status": "succeeded", "stage": "generate", "rows": rows}
+    return f"generating\n{MANIFEST_LOG_MARKER}{json.dumps(manifest)}\n"
 
 
-def test_task_killed_mid_job_then_retried_leaves_one_job(airflow_db, ray_conn, tmp_path):
-    """A worker dies while its job runs; the retry attaches to that job instead of submitting one."""
-    worker_log = open(tmp_path / "worker.log", "wb")
-    worker = subprocess.Popen(
-        [sys.executable, "-c", "from tests.operators.test_ray_job import _run; _run('core_kill')"],
-        cwd=ROOT, env=os.environ.copy(), start_new_session=True,
-        stdout=worker_log, stderr=subprocess.STDOUT,
-    )
-    hook = RayHook()
-    try:
-        deadline = time.monotonic() + 120
-        jobs: list[dict] = []
-        while time.monotonic() < deadline:
-            jobs = [j for j in hook.list_jobs() if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
-            if jobs and jobs[0]["status"] in ("PENDING", "RUNNING"):
-                break
-            time.sleep(0.2)
-        assert jobs, "the worker never submitted its job:\n" + (tmp_path / "worker.log").read_text()[-3000:]
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)  # no on_kill: the job is left running, as after a crash
-        worker.wait()
-    killed_id = jobs[0]["submission_id"]
+@pytest.mark.parametrize(("earlier", "action", "followed"), [
+    ({}, "submit", ""),
+    ({"": "RUNNING"}, "attach", ""),  # a worker died while its job ran
+    ({"": "SUCCEEDED"}, "reuse", ""),  # a retry after the job had succeeded
+    ({"": "FAILED"}, "submit", "-r1"),
+    ({"": "FAILED", "-r1": "RUNNING"}, "attach", "-r1"),
+    ({"": "FAILED", "-r1": "STOPPED"}, "submit", "-r2"),
+])
+def test_execute_after_earlier_tries_submits_attaches_or_reuses(fake_jobs_api, earlier, action, followed):
+    """A try submits a job only when no earlier try's job runs or succeeded; the XCom is that job's manifest."""
+    import structlog
 
-    dag_run = _run("core_kill")
-    assert dag_run.state == "success"
-    run_jobs = [j for j in hook.list_jobs() if (j.get("metadata") or {}).get("airflow_dag_id") == "core_kill"]
-    assert [j["submission_id"] for j in run_jobs] == [killed_id]
-    assert _xcom(dag_run, "make_data")["rows"] == 400_000
+    operator = RayJobOperator(task_id="make_data", stage="generate", spec={"rows": 500}, ray_conn_id="ray_fake",
+                              deferrable=False, poll_interval_s=0.1)
+    context = _context()
+    base_id = operator.base_submission_id(context)
+    for suffix, status in earlier.items():
+        job = fake_jobs_api.add_job(base_id + suffix, status=status, log=_manifest_log(500))
+        if status == "RUNNING":  # running when this try looks, ended when it follows it
+            fake_jobs_api.script("GET", f"/api/jobs/{base_id + suffix}", Answer(body=job.info()))
+            fake_jobs_api.set_status(base_id + suffix, "SUCCEEDED")
+    fake_jobs_api.submitted_status, fake_jobs_api.submitted_log = "SUCCEEDED", _manifest_log(500)
+    with structlog.testing.capture_logs() as records:
+        manifest = operator.execute(context)
+    assert manifest == {"status": "succeeded", "stage": "generate", "rows": 500}
+    decisions = [r["event"] for r in records if str(r.get("event", "")).startswith(f"Ray job {base_id}")]
+    assert decisions[0].startswith(f"Ray job {base_id + followed}: {action};"), decisions
+    submitted = [request.json()["submission_id"] for request in fake_jobs_api.seen("POST", "/api/jobs/")]
+    assert submitted == ([base_id + followed] if action == "submit" else [])
 
 
+@pytest.mark.integration
 def test_deferrable_mode_reaches_the_same_manifest_and_logs_the_job_while_deferred(airflow_db, ray_conn):
     import structlog
 
@@ -124,18 +127,7 @@ def test_deferrable_mode_reaches_the_same_manifest_and_logs_the_job_while_deferr
     assert len(manifest_lines) == 1 and manifest_lines[0] in while_deferred
 
 
-def _running_job_of(dag_id: str, timeout_s: float = 120, log_path=None) -> str:
-    hook, deadline = RayHook(), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        jobs = [j for j in hook.list_jobs() if (j.get("metadata") or {}).get("airflow_dag_id") == dag_id
-                and j["status"] == "RUNNING"]
-        if jobs:
-            return jobs[0]["submission_id"]
-        time.sleep(0.2)
-    raise AssertionError(f"no RUNNING job of {dag_id} within {timeout_s} s" +
-                         (":\n" + log_path.read_text()[-3000:] if log_path else ""))
-
-
+@pytest.mark.integration
 def test_execution_timeout_stops_the_job(airflow_db, ray_conn):
     """Airflow stops a task past its execution_timeout and calls on_kill(): the job ends with it."""
     dag_run = _run("core_execution_timeout")
@@ -146,9 +138,12 @@ def test_execution_timeout_stops_the_job(airflow_db, ray_conn):
         _wait_for_status(job["submission_id"], RayJobStatus.STOPPED, 15)
 
 
-def test_sigterm_to_the_task_process_stops_the_job(airflow_db, ray_conn, tmp_path):
+@pytest.mark.integration
+def test_sigterm_to_the_task_process_stops_the_job(airflow_db, fake_jobs_api, monkeypatch, tmp_path):
     """Marking a running task (or its DAG run) failed makes Airflow's supervisor SIGTERM the task
-    process, whose handler calls on_kill(): the job stops, and the process ends."""
+    process, whose handler calls on_kill(): the job is stopped, and the process ends. (A stop that
+    really ends a Ray job: test_execution_timeout_stops_the_job.)"""
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", os.environ["AIRFLOW_CONN_RAY_FAKE"])  # the worker's connection
     worker_log = tmp_path / "worker.log"
     with open(worker_log, "wb") as output:
         worker = subprocess.Popen(
@@ -156,18 +151,27 @@ def test_sigterm_to_the_task_process_stops_the_job(airflow_db, ray_conn, tmp_pat
             cwd=ROOT, env=os.environ.copy(), start_new_session=True, stdout=output, stderr=subprocess.STDOUT,
         )
     try:
-        job = _running_job_of("core_sigterm", log_path=worker_log)
+        deadline, job = time.monotonic() + 120, None
+        while job is None or not fake_jobs_api.seen("GET", f"/api/jobs/{job}/logs/tail"):  # submitted and followed
+            assert time.monotonic() < deadline and worker.poll() is None, worker_log.read_text()[-3000:]
+            time.sleep(0.1)
+            job = _submitted_id(fake_jobs_api)
         worker.send_signal(signal.SIGTERM)
-        _wait_for_status(job, RayJobStatus.STOPPED, 15)
         worker.wait(timeout=60)
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
-    assert "Stopping Ray job" in worker_log.read_text()
+    assert fake_jobs_api.count("POST", f"/api/jobs/{job}/stop") == 1, worker_log.read_text()[-3000:]
+    assert fake_jobs_api.jobs[job].status == "STOPPED" and "Stopping Ray job" in worker_log.read_text()
 
 
+def _submitted_id(fake) -> str | None:
+    submits = fake.seen("POST", "/api/jobs/")
+    return submits[0].json()["submission_id"] if submits else None
 
+
+@pytest.mark.integration
 def test_airflows_retry_attaches_to_the_job_its_lost_try_left_running(airflow_db, ray_conn):
     """The first try ends while its job runs; Airflow's retry (try 2) follows that job: no second job."""
     import structlog

@@ -81,18 +81,19 @@ def test_unknown_stage_is_refused_before_any_job(tmp_path):
 
 
 @pytest.mark.integration
-def test_stage_injected_through_run_conf_is_refused_before_any_job(airflow_db, ray_conn, tmp_path):
-    from tests.conftest import load_dag
-    from tests.operators.test_ray_job import LOGICAL_DATE, _jobs_of
-    from airflow_ray_ml.hooks.ray import RayHook
-    from airflow_ray_ml.job_status import base_submission_id
+def test_stage_injected_through_run_conf_is_refused_before_any_job(airflow_db, fake_jobs_api, monkeypatch, tmp_path):
+    import os
 
+    from tests.conftest import load_dag
+    from tests.operators.test_ray_job import LOGICAL_DATE
+
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", os.environ["AIRFLOW_CONN_RAY_FAKE"])  # the DAG's connection
     marker = tmp_path / "injected"
     conf = {"stage": f"generate --spec '{{}}'; touch {marker}; python -m airflow_ray_ml_stages.generate"}
     dag_run = load_dag("core_stage_from_conf").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE, run_conf=conf)
     (ti,) = dag_run.get_task_instances()
     assert dag_run.state == "failed" and ti.state == "failed"  # at once: it has retries it did not use
-    assert _jobs_of(RayHook(), base_submission_id("core_stage_from_conf", dag_run.run_id, "from_conf")) == []
+    assert fake_jobs_api.requests == []  # refused before it asked the cluster anything
     assert not marker.exists()
 
 

@@ -1,5 +1,6 @@
 """How RayJobOperator follows its job: the log as it is written, deferrable by Airflow's default, and
-the job stopped when a deferral times out or the task is killed."""
+the job stopped when a deferral times out or the task is killed, against the fake Jobs API
+(tests/operators/fake_jobs_api.py); test_ray_job.py runs the same behaviours with real jobs."""
 
 from __future__ import annotations
 
@@ -11,11 +12,8 @@ import time
 import pytest
 
 from airflow_ray_ml.errors import RayJobTimeoutError
-from airflow_ray_ml.hooks.ray import RayHook
-from airflow_ray_ml.job_status import RayJobStatus
 from airflow_ray_ml.ray_job import RayJobOperator
 from tests.conftest import ROOT
-from tests.operators.triggers.test_ray import TICKING, _wait_for_status
 
 
 class _TI:
@@ -44,70 +42,73 @@ def test_deferrable_defaults_to_airflows_default_deferrable(setting):
     assert result.stdout.strip().splitlines()[-1] == setting
 
 
-@pytest.mark.integration
-def test_wait_logs_each_line_as_the_job_writes_it(ray_conn):
+def test_wait_logs_each_line_as_the_job_writes_it(fake_jobs_api):
+    """The worker's follower logs a line when the stream brings it, not when the job has ended."""
+    import threading
+
     import structlog
 
-    job = RayHook().submit_job(entrypoint=TICKING, submission_id=f"follow-tick-{time.time_ns()}")
-    operator = RayJobOperator(task_id="t", stage="generate")
+    fake_jobs_api.add_job("job-1")
+
+    def job() -> None:  # six lines, 0.3 s apart, then the job ends
+        for number in range(6):
+            fake_jobs_api.write_log("job-1", f"tick-{number}\n")
+            time.sleep(0.3)
+        fake_jobs_api.set_status("job-1", "SUCCEEDED")
+
+    writer = threading.Thread(target=job)
+    operator = RayJobOperator(task_id="t", stage="generate", ray_conn_id="ray_fake")
     with structlog.testing.capture_logs(processors=[structlog.processors.TimeStamper(fmt=None)]) as records:
-        offset = operator.wait(job)
-    ticks = [r["timestamp"] for r in records if r["event"].startswith("[ray] tick-")]
-    assert len(ticks) == 16
-    ended_at = RayHook().get_job_info(job)["end_time"] / 1000
-    times = [round(ended_at - at, 2) for at in ticks]
-    assert times[0] > 3 and times[0] - times[-1] > 3, f"seconds before the job ended: {times}"
-    assert offset == len(RayHook().get_job_logs(job))
+        writer.start()
+        offset = operator.wait("job-1")
+    writer.join()
+    ticks = [(r["event"], r["timestamp"]) for r in records if r["event"].startswith("[ray] tick-")]
+    assert [line for line, _ in ticks] == [f"[ray] tick-{number}" for number in range(6)]
+    assert ticks[-1][1] - ticks[0][1] > 1.0, f"the lines came together: {ticks}"
+    assert offset == len(fake_jobs_api.jobs["job-1"].log)
 
 
-@pytest.mark.integration
-def test_deferral_timeout_stops_the_job(ray_conn, artifact_root):
+def _submitted_deferrable(fake, task_id: str, **kwargs) -> tuple[RayJobOperator, dict, str]:
+    """A deferrable operator that submitted its job to the fake Jobs API and deferred: ``(operator, context, job)``."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    operator = RayJobOperator(task_id=task_id, stage="generate", spec={"rows": 400_000, "seed": 3},
+                              ray_conn_id="ray_fake", deferrable=True, **kwargs)
+    context = _context()
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(context)
+    job = operator.base_submission_id(context)
+    assert [request.json()["submission_id"] for request in fake.seen("POST", "/api/jobs/")] == [job]
+    return operator, context, deferred.value
+
+
+def test_deferral_timeout_stops_the_job(fake_jobs_api):
     """Airflow fails a timed-out deferred task without the trigger's on_kill(); the operator stops the job."""
     from airflow.sdk.bases.operator import TriggerFailureReason
-    from airflow.sdk.exceptions import TaskDeferred
 
-    operator = RayJobOperator(task_id="slow", stage="generate", spec={"rows": 400_000, "seed": 3},
-                              deferrable=True, job_timeout_s=5)
-    context = _context()
+    operator, context, deferred = _submitted_deferrable(fake_jobs_api, "slow", job_timeout_s=5)
     job = operator.base_submission_id(context)
-    try:
-        with pytest.raises(TaskDeferred) as deferred:
-            operator.execute(context)
-        assert deferred.value.timeout == 5  # job_timeout_s bounds the deferral
-        # what the task runs when the scheduler found the deferral timed out
-        with pytest.raises(RayJobTimeoutError, match=f"{job} did not finish within job_timeout_s=5 s and was stopped"):
-            operator.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT.value}, context)
-        _wait_for_status(job, RayJobStatus.STOPPED, 15)
-    finally:
-        RayHook().stop_job(job)
+    assert deferred.timeout == 5  # job_timeout_s bounds the deferral
+    # what the task runs when the scheduler found the deferral timed out
+    with pytest.raises(RayJobTimeoutError, match=f"{job} did not finish within job_timeout_s=5 s and was stopped"):
+        operator.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT.value}, context)
+    assert fake_jobs_api.count("POST", f"/api/jobs/{job}/stop") == 1
 
 
-@pytest.mark.integration
-def test_on_kill_stops_the_tasks_job(ray_conn, artifact_root):
-    from airflow.sdk.exceptions import TaskDeferred
-
-    operator = RayJobOperator(task_id="killed", stage="generate", spec={"rows": 400_000, "seed": 3},
-                              deferrable=True)
-    context = _context()
+def test_on_kill_stops_the_tasks_job(fake_jobs_api):
+    operator, context, _ = _submitted_deferrable(fake_jobs_api, "killed")  # submitted: the task knows its job
     job = operator.base_submission_id(context)
-    try:
-        with pytest.raises(TaskDeferred):
-            operator.execute(context)  # submitted: the task knows its job
-        operator.on_kill()
-        _wait_for_status(job, RayJobStatus.STOPPED, 15)
-    finally:
-        RayHook().stop_job(job)
+    operator.on_kill()
+    assert fake_jobs_api.count("POST", f"/api/jobs/{job}/stop") == 1 and fake_jobs_api.jobs[job].status == "STOPPED"
 
 
-@pytest.mark.integration
-def test_job_timeout_stops_the_job_the_worker_follows(ray_conn, artifact_root):
+def test_job_timeout_stops_the_job_the_worker_follows(fake_jobs_api):
     operator = RayJobOperator(task_id="slow_sync", stage="generate", spec={"rows": 2_000_000, "seed": 3},
-                              deferrable=False, job_timeout_s=4, poll_interval_s=0.3)
+                              ray_conn_id="ray_fake", deferrable=False, job_timeout_s=1, poll_interval_s=0.1)
     context = _context()
     job = operator.base_submission_id(context)
-    try:
-        with pytest.raises(RayJobTimeoutError, match=f"{job} did not finish within job_timeout_s=4 s and was stopped"):
-            operator.execute(context)
-        _wait_for_status(job, RayJobStatus.STOPPED, 15)
-    finally:
-        RayHook().stop_job(job)
+    started = time.monotonic()
+    with pytest.raises(RayJobTimeoutError, match=f"{job} did not finish within job_timeout_s=1 s and was stopped"):
+        operator.execute(context)  # its job runs on, writing nothing
+    assert time.monotonic() - started < 10
+    assert fake_jobs_api.count("POST", f"/api/jobs/{job}/stop") == 1 and fake_jobs_api.jobs[job].status == "STOPPED"

@@ -1,0 +1,23 @@
+"""Fixtures of the operator tests: a fake of Ray's Jobs API on loopback (tests/operators/fake_jobs_api.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.operators.fake_jobs_api import FakeJobsApi
+
+FAKE_CONN_ID = "ray_fake"
+
+
+@pytest.fixture
+def fake_jobs_api(monkeypatch, tmp_path):
+    """A fake Ray dashboard on a free loopback port, reached through the connection ``ray_fake`` (with its
+    token and an artifact root of the test's own); stopped when the test ends."""
+    with FakeJobsApi() as fake:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{FAKE_CONN_ID.upper()}", json.dumps({
+            "conn_type": "ray",
+            "extra": {"dashboard_url": fake.url, "auth_token": fake.token, "artifact_root": str(tmp_path / "artifacts")},
+        }))
+        yield fake
