@@ -161,7 +161,6 @@ class RayDecoratedOperator(DecoratedOperator, RayJobOperator):
                        f"--function {python_callable.__name__}",
             **kwargs,
         )
-        self._call_arguments: dict[str, Any] | None = None
         self._module_folder: str | None = None
 
     @property
@@ -183,11 +182,11 @@ class RayDecoratedOperator(DecoratedOperator, RayJobOperator):
         return arguments
 
     def execute(self, context: Context) -> Any:
-        self._call_arguments = self.call_arguments()  # before any job: bad arguments fail at once
+        self.call_arguments()  # before any job: arguments that cannot travel fail at once
         return super().execute(context)
 
     def job_entrypoint(self, spec: dict[str, Any] | None) -> str:
-        arguments = json.dumps(self._call_arguments, sort_keys=True)
+        arguments = json.dumps(self.call_arguments(), sort_keys=True)
         return f"{self.entrypoint} --arguments {shlex.quote(arguments)}"
 
     def job_runtime_env(self, artifact_dir: str | None = None) -> dict[str, Any]:

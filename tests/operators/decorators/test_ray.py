@@ -101,7 +101,6 @@ def test_call_arguments_that_cannot_travel_fail_before_any_job(arguments, messag
 def test_call_arguments_travel_as_json_beside_the_functions_module():
     with DAG(dag_id="arguments", schedule=None):
         operator = _decorated(ROWS, ("x", "y")).operator
-    operator._call_arguments = operator.call_arguments()
     command = operator.job_entrypoint(None)
     assert command.startswith("python -m airflow_ray_ml_stages.task_function --module rayml_task__decorated "
                               "--function _decorated --arguments ")
