@@ -45,7 +45,7 @@ from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_d
 
 from airflow_ray_ml_stages.task_function import RETURN_KEY, STAGE, json_problem
 from airflow_ray_ml.errors import RayJobFailedError, RayManifestError, RayStageError, RayTaskFunctionError
-from airflow_ray_ml.job_status import RayJobStatus
+from airflow_ray_ml.job_status import Decision, RayJobStatus
 from airflow_ray_ml.ray_job import RayJobOperator, last_lines, manifest_from_log
 
 if TYPE_CHECKING:
@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 MODULE_PREFIX = "rayml_task_"
 """The function's module on the cluster is this and its name (``rayml_task_fit``): never a name
 that shadows a module the function imports."""
+
+MAX_ARGUMENTS_BYTES = 100_000
+"""The most JSON the arguments may take: they travel on the job's command line, which the node's shell
+gets as one argument of at most 128 KiB (Linux's MAX_ARG_STRLEN), with the command around them."""
 
 FUTURE_ANNOTATIONS = "from __future__ import annotations  # its annotations need not import on the cluster\n\n"
 
@@ -179,6 +183,11 @@ class RayDecoratedOperator(DecoratedOperator, RayJobOperator):
         if problem:
             raise _refuse(self.function_name, f"gets an argument that is not JSON: {problem}; pass numbers, text, "
                                               "lists or dicts (a path or URI for larger data)")
+        size = len(json.dumps(arguments).encode())
+        if size > MAX_ARGUMENTS_BYTES:
+            raise _refuse(self.function_name, f"gets {size} bytes of arguments, more than a job's command line "
+                                              f"carries ({MAX_ARGUMENTS_BYTES}): write the data to storage (such "
+                                              "as the artifact root) and pass its path")
         return arguments
 
     def execute(self, context: Context) -> Any:
@@ -196,7 +205,8 @@ class RayDecoratedOperator(DecoratedOperator, RayJobOperator):
             runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), module]
         return runtime_env
 
-    def submit(self, context: Context, submission_id: str, spec: dict[str, Any] | None, artifact_dir: str) -> Any:
+    def submit(self, context: Context, submission_id: str, spec: dict[str, Any] | None,
+               artifact_dir: str) -> Decision:
         with tempfile.TemporaryDirectory(prefix="rayml-task-") as folder:
             with open(os.path.join(folder, f"{self.function_module}.py"), "w", encoding="utf-8") as module:
                 module.write(FUTURE_ANNOTATIONS + self.function_source)

@@ -89,6 +89,7 @@ def test_task_ray_is_the_providers_decorator_and_takes_no_command():
     ({"rows": datetime(2026, 1, 1)}, r"not JSON: kwargs\['rows'\] is a datetime.datetime"),
     ({"rows": 3, "names": [{1: "a"}]}, r"kwargs\['names'\]\[0\] has the key 1, a int"),
     ({"names": []}, "cannot be called with its arguments: missing a required argument: 'rows'"),
+    ({"rows": 1, "names": ["x" * 100_000]}, "gets 1000.. bytes of arguments, more than a job's command line"),
 ])
 def test_call_arguments_that_cannot_travel_fail_before_any_job(arguments, message):
     with DAG(dag_id="arguments", schedule=None):
