@@ -1,8 +1,8 @@
 """Run one ``@task.ray`` function in its Ray job: ``python -m airflow_ray_ml_stages.task_function``.
 
 The Airflow side (``airflow_ray_ml.decorators.ray``) sends the function as source, never pickled: a
-module of its own, uploaded as a file of the job's ``py_modules``, holding the function's ``def``
-and nothing else. Its arguments travel as JSON on the command line, as a stage's spec does. This
+module of its own, uploaded as a package of the job's ``py_modules``, holding the function's
+``def`` and nothing else. Its arguments travel as JSON on the command line, as a stage's spec does. This
 module imports that module, calls the function with the arguments, and publishes the JSON return
 value as the job's manifest (``return_value``), which the operator returns as the task's XCom. An
 exception from the function is printed with its traceback (so it reaches the task log) and becomes

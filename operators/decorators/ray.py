@@ -13,7 +13,7 @@
     fit(rows=10_000)
 
 The function travels without pickle: its source (the ``def`` alone, decorators cut off) becomes a
-module of its own, uploaded with the job as a ``py_modules`` file, and its arguments travel as JSON
+module of its own, uploaded with the job as a ``py_modules`` package, and its arguments travel as JSON
 on the job's command line; ``python -m airflow_ray_ml_stages.task_function`` calls it on the
 cluster. So the function must stand alone, and this module refuses at DAG-parse time what could
 not: a lambda, a closure, a name from outside the function (a module-level import or constant),
@@ -201,14 +201,16 @@ class RayDecoratedOperator(DecoratedOperator, RayJobOperator):
     def job_runtime_env(self, artifact_dir: str | None = None) -> dict[str, Any]:
         runtime_env = super().job_runtime_env(artifact_dir)
         if self._module_folder:  # while submitting: the function's module travels with the job
-            module = os.path.join(self._module_folder, f"{self.function_module}.py")
-            runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), module]
+            package = os.path.join(self._module_folder, self.function_module)
+            runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), package]
         return runtime_env
 
     def submit(self, context: Context, submission_id: str, spec: dict[str, Any] | None,
                artifact_dir: str) -> Decision:
+        # a package of one __init__.py: Ray's job client uploads py_modules directories, not single files
         with tempfile.TemporaryDirectory(prefix="rayml-task-") as folder:
-            with open(os.path.join(folder, f"{self.function_module}.py"), "w", encoding="utf-8") as module:
+            os.mkdir(os.path.join(folder, self.function_module))
+            with open(os.path.join(folder, self.function_module, "__init__.py"), "w", encoding="utf-8") as module:
                 module.write(FUTURE_ANNOTATIONS + self.function_source)
             self._module_folder = folder
             try:
