@@ -60,5 +60,5 @@ with DAG(dag_id="task_ray", schedule=None, start_date=datetime(2026, 1, 1), catc
             if not price.replace(".", "").isdigit():
                 raise ValueError(f"{table}: column 'price' has text {price!r} in {row}; clean the export")
 
-    echo_slowly(totals(rows=100, names=["b", "a"]), seconds=6)
+    echo_slowly(totals(rows=100, names=["b", "a"]), seconds=8)
     broken("sales.csv")
