@@ -1,8 +1,9 @@
 """Airflow side of airflow-ray-ml: a provider-style package of hooks, triggers, links and operators.
 
 ``get_provider_info`` is what Airflow's ``apache_airflow_provider`` entry point reads: it declares
-the ``ray`` connection type (with its connection-form fields), the extra links and the "Ray ML" page's
-config section (the page's plugin is registered by the ``airflow.plugins`` entry point alone).
+the ``ray`` connection type (with its connection-form fields), the ``@task.ray`` decorator, the extra
+links and the "Ray ML" page's config section (the page's plugin is registered by the
+``airflow.plugins`` entry point alone).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def get_provider_info() -> dict:
         ],
         "hooks": [{"integration-name": "Ray", "python-modules": ["airflow_ray_ml.hooks.ray"]}],
         "triggers": [{"integration-name": "Ray", "python-modules": ["airflow_ray_ml.triggers.ray"]}],
+        # `from airflow.sdk import task; @task.ray(...)`: a function run as a Ray job (docs/operators/ray-job.md)
+        "task-decorators": [{"class-name": "airflow_ray_ml.decorators.ray.ray_task", "name": "ray"}],
         "extra-links": [
             "airflow_ray_ml.links.ray.RayJobLink",
             "airflow_ray_ml.links.ray.RayJobLogLink",

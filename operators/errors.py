@@ -61,3 +61,8 @@ class RayResourcesError(RayOperatorError, AirflowFailException):
 class SourceNotAllowedError(RayOperatorError, AirflowFailException):
     """A source from Params lies outside the allowed roots, or the roots' setting cannot be read: fail at
     once, before any job reads it (airflow_ray_ml.confine)."""
+
+
+class RayTaskFunctionError(RayOperatorError, AirflowFailException):
+    """A ``@task.ray`` function or its arguments cannot travel to the cluster as source and JSON (a lambda,
+    a closure, a name from outside the function, an argument that is not JSON): fail at once."""

@@ -406,7 +406,7 @@ class RayJobOperator(BaseOperator):
         logs = self._job_logs(submission_id)  # whole, once: the manifest line and the reason of a failure
         self._emit_logs(logs[log_offset:])
         if self.stage is None:
-            return self._command_result(submission_id, status, logs)
+            return self.command_result(submission_id, status, logs)
         manifest = self.read_manifest(artifact_dir, logs)
         if status is not RayJobStatus.SUCCEEDED:
             # This job's own verdict, from its log: a manifest file may be an earlier try's.
@@ -414,7 +414,7 @@ class RayJobOperator(BaseOperator):
             if verdict.get("error") and verdict.get("retryable") is False:
                 raise RayStageError(f"stage {self.stage} failed: {verdict['error']} (Ray job {submission_id}; not "
                                     "retried, since another try would fail the same way)")
-            reason = (manifest or {}).get("error") or _last_lines(logs) or "see the job log above"
+            reason = (manifest or {}).get("error") or last_lines(logs) or "see the job log above"
             raise RayJobFailedError(
                 f"Ray job {submission_id} (stage {self.stage}) ended {status.value if status else 'MISSING'}: {reason}"
             )
@@ -427,12 +427,15 @@ class RayJobOperator(BaseOperator):
         self._manifest = manifest
         return manifest
 
-    def _command_result(self, submission_id: str, status: RayJobStatus | None, logs: str) -> Any:
-        """A command's XCom: the manifest it wrote (``report_result``), else its last JSON line, else None."""
+    def command_result(self, submission_id: str, status: RayJobStatus | None, logs: str) -> Any:
+        """A command's XCom: the manifest it wrote (``report_result``), else its last JSON line, else None.
+
+        Where a subclass runs a command of its own (``@task.ray``), it reads its result here.
+        """
         if status is not RayJobStatus.SUCCEEDED:
             raise RayJobFailedError(
                 f"Ray job {submission_id} ({self.entrypoint!r}) ended {status.value if status else 'MISSING'}: "
-                f"{_last_lines(logs) or 'see the job log above'}"
+                f"{last_lines(logs) or 'see the job log above'}"
             )
         manifest = manifest_from_log(logs)
         if manifest is not None:  # this job's own report, on its marked line; the file says the same
@@ -457,7 +460,7 @@ class RayJobOperator(BaseOperator):
             self.hook.stop_job(self._submission_id)
 
 
-def _last_lines(log_text: str, count: int = 3) -> str:
+def last_lines(log_text: str, count: int = 3) -> str:
     """The job log's last non-empty lines: where a crash before the manifest says what went wrong."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     return " | ".join(lines[-count:])

@@ -253,6 +253,15 @@ print(json.dumps({"hook": None if hook is None else {"class": hook.hook_class_na
     assert "extra" in found["behaviour"]["hidden_fields"]
 
 
+def test_task_ray_is_a_taskflow_decorator_of_the_installed_provider(installed):
+    found = _python(installed, """
+import json
+from airflow.sdk import task
+print(json.dumps(f"{task.ray.__module__}.{task.ray.__qualname__}"))
+""")
+    assert found == f"{AIRFLOW_PACKAGE}.decorators.ray.ray_task"
+
+
 def test_the_page_plugin_loads_from_the_installed_package_alone(installed):
     assert not any(Path(installed["env"]["AIRFLOW__CORE__PLUGINS_FOLDER"]).iterdir())
     plugins = {p["name"]: p for p in _airflow(installed, "plugins", "-o", "json")}
