@@ -69,10 +69,7 @@ def serialize_project_dags() -> None:
 
 def load_dag(dag_id: str, folder: Path = ROOT / "tests" / "dag_fixtures"):
     """A DAG from one of the bundles, parsed the way Airflow parses it."""
-    try:
-        from airflow.dag_processing.dagbag import DagBag
-    except ImportError:  # Airflow 3.1 (make test-lowest)
-        from airflow.models.dagbag import DagBag
+    from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(folder))
     assert not bag.import_errors, bag.import_errors
