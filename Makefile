@@ -16,7 +16,9 @@ APP ?=
 RAY_CPUS ?=
 RAY_GPUS ?=
 
-.PHONY: install run stop test test-unit test-gpu clean
+LOWEST ?= yes
+
+.PHONY: install run stop test test-unit test-lowest test-gpu clean
 
 install: $(STAMP)
 
@@ -35,11 +37,38 @@ run: $(STAMP)
 stop:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python scripts/stack.py down; else echo "nothing to stop"; fi
 
+# `make test LOWEST=no` leaves out the lowest-versions run below.
 test: $(STAMP)
 	$(BIN)/python -m pytest
+	$(if $(filter yes,$(LOWEST)),$(MAKE) --no-print-directory test-lowest)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not integration"
+
+# The lowest versions pyproject.toml allows, in a second venv: uv's lowest-direct resolution puts
+# each direct dependency at its lower bound, every other package at its tested version
+# (constraints.txt, torch's CPU wheel from the find-links pip is set up with) but for what
+# constraints-lowest.txt holds back; scripts/lowest_bounds.py writes those constraints and then
+# checks that nothing raised a bound. The unit tests and one real stage job (a preprocess run
+# through dag.test() on a local Ray cluster) run there. Rebuilt only when a dependency file changes.
+LOWEST_VENV := .venv-lowest
+LOWEST_STAMP := $(LOWEST_VENV)/.installed
+LOWEST_CONSTRAINTS := constraints-lowest.txt
+LOWEST_STAGE_JOB := tests/include/test_data.py::test_preprocess_operator_in_dag_test_returns_manifest_as_xcom
+
+$(LOWEST_STAMP): pyproject.toml $(CONSTRAINTS) $(LOWEST_CONSTRAINTS) scripts/lowest_bounds.py | $(STAMP)
+	rm -rf $(LOWEST_VENV)
+	$(BIN)/uv venv --quiet --python $(PYTHON) $(LOWEST_VENV)
+	$(BIN)/python scripts/lowest_bounds.py --constraints > $(LOWEST_VENV)/constraints-tested.txt
+	$(BIN)/uv pip install --quiet --python $(LOWEST_VENV)/bin/python --resolution lowest-direct \
+		$$({ echo "$${PIP_FIND_LINKS:-}"; $(BIN)/pip config get global.find-links 2>/dev/null; } | xargs -r -n1 printf -- '--find-links=%s ') \
+		-c $(LOWEST_VENV)/constraints-tested.txt -c $(LOWEST_CONSTRAINTS) -e ".[ml,dev]"
+	$(LOWEST_VENV)/bin/python scripts/lowest_bounds.py
+	touch $(LOWEST_STAMP)
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST_VENV)/bin/python -m pytest -p no:randomly -m "not integration"
+	$(LOWEST_VENV)/bin/python -m pytest -p no:randomly $(LOWEST_STAGE_JOB)
 
 # The GPU tests, on a machine with a CUDA GPU (`make test` skips them elsewhere). The rest of the
 # suite pins its clusters to --num-gpus=0, so `make test` passes on a GPU machine as well.

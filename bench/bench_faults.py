@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 from airflow_ray_ml_stages import wine  # noqa: E402
-from airflow_ray_ml_stages.localcluster import (  # noqa: E402
+from scripts.localcluster import (  # noqa: E402
     LocalRayCluster, free_port, interrupt_on_termination, new_token, remove_temp_dir,
 )
 

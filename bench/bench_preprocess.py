@@ -207,7 +207,7 @@ def wait_job(client, job: str) -> str:
 
 
 def measure_stage(client, cluster, paths: list[str], out: Path, **fields) -> dict:
-    from airflow_ray_ml_stages.localcluster import session_pids
+    from scripts.localcluster import session_pids
     from airflow_ray_ml_stages.wine import LABEL
 
     spec = {"artifact_dir": str(out), "source": paths, "label_column": LABEL, "label_range": [0, 10], **fields}
@@ -259,7 +259,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2:])
         return
-    from airflow_ray_ml_stages.localcluster import interrupt_on_termination
+    from scripts.localcluster import interrupt_on_termination
 
     interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -270,7 +270,7 @@ def main() -> None:
     sys.path[:0] = [str(ROOT), str(ROOT / "include")]
     from ray.job_submission import JobSubmissionClient
 
-    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
+    from scripts.localcluster import LocalRayCluster, new_token
 
     work = Path(tempfile.mkdtemp(prefix="bench-pre-", dir="/tmp"))
     cluster = LocalRayCluster(temp_dir=str(work / "ray"), num_cpus=2, num_gpus=0, token=new_token())

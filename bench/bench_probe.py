@@ -25,7 +25,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
+from scripts.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
 
 
 def _context(run: int) -> dict:

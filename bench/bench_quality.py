@@ -52,7 +52,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 import airflow_ray_ml_stages  # noqa: E402
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
+from scripts.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
 from airflow_ray_ml_stages.metrics import regression_metrics  # noqa: E402
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 from airflow_ray_ml_stages import wine  # noqa: E402
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, free_port, interrupt_on_termination, new_token  # noqa: E402
+from scripts.localcluster import LocalRayCluster, free_port, interrupt_on_termination, new_token  # noqa: E402
 
 ROW_COUNT = 4
 

@@ -26,7 +26,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
-from airflow_ray_ml_stages import localcluster  # noqa: E402
+from scripts import localcluster  # noqa: E402
 
 RUN_DIR = ROOT / ".run"
 AIRFLOW_HOME = ROOT / ".airflow"

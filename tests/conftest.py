@@ -46,7 +46,7 @@ for path in (ROOT, ROOT / "include"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from airflow_ray_ml_stages.localcluster import interrupt_on_termination  # noqa: E402
+from scripts.localcluster import interrupt_on_termination  # noqa: E402
 
 # A suite stopped by SIGTERM (a CI timeout, `timeout`) still tears its fixtures down: the clusters stop.
 interrupt_on_termination()
@@ -95,7 +95,7 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
     It advertises no GPU unless ``num_gpus`` says (None: the GPUs Ray detects), so the CPU paths
     run the same on a machine with a GPU.
     """
-    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
+    from scripts.localcluster import LocalRayCluster, new_token
 
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rx", dir="/tmp"), token=new_token(),
                               **{"num_cpus": 2, "num_gpus": 0, **cluster_kwargs})
@@ -119,7 +119,7 @@ def ray_cluster():
 
     It advertises no GPU even where Ray would find one: the suite tests the CPU path here, and the
     ``gpu`` tests start a cluster of their own with the GPU (``make test-gpu``)."""
-    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
+    from scripts.localcluster import LocalRayCluster, new_token
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token())
@@ -139,7 +139,7 @@ def artifact_root(tmp_path_factory) -> str:
 def ray_conn(ray_cluster, artifact_root):
     """Point the ``ray_default`` connection at the test cluster (dashboard URL, token, artifacts, and a
     free port for Ray Serve's HTTP proxy)."""
-    from airflow_ray_ml_stages.localcluster import free_port
+    from scripts.localcluster import free_port
 
     os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({
         "conn_type": "ray",

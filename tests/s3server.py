@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_ray_ml_stages.localcluster import free_port
+from scripts.localcluster import free_port
 
 
 @dataclass(frozen=True)

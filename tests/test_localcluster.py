@@ -23,9 +23,9 @@ import requests
 
 from airflow_ray_ml.errors import RayOperatorError
 from airflow_ray_ml.hooks.ray import RayHook
-from airflow_ray_ml_stages import localcluster
+from scripts import localcluster
 from airflow_ray_ml_stages.errors import ClusterError
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
+from scripts.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
 from tests.conftest import ROOT, extra_cluster, load_dag
 
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
@@ -171,9 +171,9 @@ def _copy_checkout(target: Path) -> None:
 
 
 def _cli(command: str, checkout: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m airflow_ray_ml_stages.localcluster`` as `make run` / `make stop` run it, from the checkout."""
+    """``python -m scripts.localcluster`` as `make run` / `make stop` run it, from the checkout."""
     return subprocess.run(
-        [sys.executable, "-m", "airflow_ray_ml_stages.localcluster", command, "--pid-file", str(checkout / ".run" / "ray.json"),
+        [sys.executable, "-m", "scripts.localcluster", command, "--pid-file", str(checkout / ".run" / "ray.json"),
          *args],
         cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout / "include")},
         capture_output=True, text=True, timeout=180,

@@ -154,7 +154,7 @@ def _python(installed: dict, code: str):
 
 def _package_data(tree: Path) -> set[str]:
     """The non-Python files the packages carry, as paths in the source tree."""
-    files = [*tree.glob(f"{AIRFLOW_FOLDER}/plugins/templates/*.html"), *tree.glob("include/airflow_ray_ml_stages/*.sh"),
+    files = [*tree.glob(f"{AIRFLOW_FOLDER}/plugins/templates/*.html"),
              tree / AIRFLOW_FOLDER / "py.typed", tree / "include" / "airflow_ray_ml_stages" / "py.typed"]
     return {str(path.relative_to(tree)) for path in files}
 
@@ -170,7 +170,6 @@ def test_sdist_carries_license_readme_docs_and_package_data(dists):
     assert wanted <= members.keys(), sorted(wanted - members.keys())
     assert license_text == (source / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
-    assert members["include/airflow_ray_ml_stages/haproxy_loopback.sh"].mode & 0o111  # Serve executes it
 
 
 def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
@@ -181,7 +180,6 @@ def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
         paths = [line.split(",")[0] for line in wheel.read(record).decode().splitlines() if line]
         metadata = wheel.read(f"{info_dir}/METADATA").decode()
         entry_points = wheel.read(f"{info_dir}/entry_points.txt").decode()
-        script_mode = wheel.getinfo("airflow_ray_ml_stages/haproxy_loopback.sh").external_attr >> 16
     assert set(paths) == set(names)
     top_level = {path.split("/")[0].removesuffix(".py") for path in paths
                  if not path.split("/")[0].endswith((".dist-info", ".data"))}
@@ -190,7 +188,8 @@ def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
     in_wheel = {re.sub(f"^{AIRFLOW_FOLDER}/", f"{AIRFLOW_PACKAGE}/", path.removeprefix("include/"))
                 for path in _package_data(dists["source"])}
     assert in_wheel <= set(paths), sorted(in_wheel - set(paths))
-    assert script_mode & 0o111
+    # the development tool (a local Ray cluster, Serve's HAProxy wrapper) stays in scripts/
+    assert [path for path in paths if path.endswith(("localcluster.py", "haproxy_loopback.sh"))] == []
     assert f"{info_dir}/licenses/LICENSE" in paths
     headers = metadata.split("\n\n", 1)[0].splitlines()
     assert f"Name: {DIST_NAME}" in headers and f"Version: {VERSION}" in headers
@@ -210,19 +209,16 @@ def test_wheel_ships_exactly_its_packages_with_their_data_and_metadata(dists):
 
 def test_the_packages_import_from_the_fresh_venv_with_their_data(installed):
     found = _python(installed, f"""
-import json, os, {AIRFLOW_PACKAGE}, airflow_ray_ml_stages
+import json, {AIRFLOW_PACKAGE}, airflow_ray_ml_stages
 from importlib.resources import files
 from {AIRFLOW_PACKAGE}.plugins.ray_ml import _TEMPLATES
 _TEMPLATES.get_template("ray_ml.html")
-script = files("airflow_ray_ml_stages") / "haproxy_loopback.sh"
 print(json.dumps({{"files": [{AIRFLOW_PACKAGE}.__file__, airflow_ray_ml_stages.__file__],
-                  "typed": [(files(p) / "py.typed").is_file() for p in ("{AIRFLOW_PACKAGE}", "airflow_ray_ml_stages")],
-                  "script_executable": os.access(script, os.X_OK)}}))
+                  "typed": [(files(p) / "py.typed").is_file() for p in ("{AIRFLOW_PACKAGE}", "airflow_ray_ml_stages")]}}))
 """)
     site = str(installed["venv"])
     assert all(path.startswith(site) for path in found["files"]), found["files"]  # not the checkout
     assert found["typed"] == [True, True]
-    assert found["script_executable"]
 
 
 def test_airflow_lists_the_provider(installed):

@@ -321,7 +321,12 @@ class LoadedModel:
                 problems = [problem(["body"], "nested too deeply to be a request", "json_invalid")]
             if problems:
                 return None, problems
-        frame = pd.DataFrame(instances, columns=self.input_columns)
+        try:
+            frame = pd.DataFrame(instances, columns=self.input_columns)
+        except OverflowError:  # pandas 2 on an integer beyond float64 (pandas 3 keeps it as an object)
+            numeric = set(self.preprocessor.numeric_columns)
+            frame = pd.DataFrame([{key: _as_float(value) if key in numeric and type(value) is int else value
+                                   for key, value in row.items()} for row in instances], columns=self.input_columns)
         for column in self.preprocessor.numeric_columns:
             if frame[column].dtype == object:  # integers beyond int64; those beyond float64 too
                 frame[column] = [_as_float(value) for value in frame[column]]

@@ -428,7 +428,8 @@ async def require_airflow_user(request: Request) -> Any:
     """
     from airflow.api_fastapi.core_api.security import get_user
 
-    return await get_user(request, _oauth_token=None, bearer_credentials=await _BEARER(request))
+    # positional: Airflow 3.3 renamed the OAuth argument (oauth_token -> _oauth_token); neither is used here
+    return await get_user(request, None, await _BEARER(request))
 
 
 def serve_action(user: Any, app_name: str, body: Any, action_header: str | None) -> JSONResponse:

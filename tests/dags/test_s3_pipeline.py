@@ -48,7 +48,7 @@ def _run(dag_id: str, when: datetime, **conf):
 @pytest.fixture(scope="module")
 def s3_cluster(s3_server):
     """Two Ray nodes, each with its own temp dir and the S3 server's credentials in its environment."""
-    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
+    from scripts.localcluster import LocalRayCluster, new_token
 
     node_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rh", dir="/tmp"), num_cpus=2, num_gpus=0,
@@ -67,7 +67,7 @@ def s3_cluster(s3_server):
 def on_s3(airflow_db, s3_server, s3_cluster, monkeypatch):
     """Point ``ray_default`` at the two-node cluster with an s3:// artifact root; Airflow's own
     environment has no AWS credentials, so only the storage connection can open the bucket."""
-    from airflow_ray_ml_stages.localcluster import free_port
+    from scripts.localcluster import free_port
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
                  "AWS_DEFAULT_REGION", "AWS_PROFILE"):

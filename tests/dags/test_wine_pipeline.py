@@ -144,7 +144,7 @@ def test_a_champion_from_other_data_is_scored_live_on_the_new_test_split(first_r
 
 
 def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray_conn, monkeypatch, tmp_path):
-    from airflow_ray_ml_stages.localcluster import free_port
+    from scripts.localcluster import free_port
 
     with extra_cluster("ray_two_node", num_cpus=2) as cluster:
         cluster.add_node(num_cpus=2, num_gpus=0)

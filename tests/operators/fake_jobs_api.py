@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ANSWERS_DIR, help="where the answers go (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
+    from scripts.localcluster import LocalRayCluster, new_token
 
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rr", dir="/tmp"), num_cpus=2, num_gpus=0,
                               token=new_token())

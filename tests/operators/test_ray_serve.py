@@ -248,8 +248,8 @@ def test_serve_binds_to_loopback_only(models, ray_conn):
     listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
     assert listening == {"127.0.0.1"}
-    # HAProxy's own stats and metrics listeners too (airflow_ray_ml_stages/haproxy_loopback.sh rewrites their binds)
-    from airflow_ray_ml_stages.localcluster import session_pids
+    # HAProxy's own stats and metrics listeners too (scripts/haproxy_loopback.sh rewrites their binds)
+    from scripts.localcluster import session_pids
 
     cluster = ray_conn
     haproxy = [pid for pid in session_pids(cluster.leader_pids[0]) if psutil.Process(pid).name() == "haproxy"]

@@ -57,7 +57,7 @@ def _run(preprocess: dict, day: int, dag_id: str = "tune_sized", **conf):
 
 def _hold_cpus(cluster, cpus_each: float, names: list[str]) -> None:
     """Deploy Serve applications ``names`` on ``cluster``, each holding ``cpus_each`` CPU (0: delete them)."""
-    from airflow_ray_ml_stages.localcluster import free_port
+    from scripts.localcluster import free_port
 
     env = {**cluster.env(), "RAY_ADDRESS": cluster.address, "RAY_AUTH_TOKEN": cluster.token}
     subprocess.run([sys.executable, "-c", HOLD_APPS, str(cpus_each), str(free_port()), *names],

@@ -23,7 +23,7 @@ def running_api_server(log_dir: Path, **settings: str) -> Iterator[str]:
 
     Yields its base URL; stops the process it started (and only that one) afterwards.
     """
-    from airflow_ray_ml_stages.localcluster import free_port
+    from scripts.localcluster import free_port
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"

@@ -60,7 +60,7 @@ def test_plugin_registers_the_page_and_a_nav_view_and_no_duplicate_links():
 
 
 def test_page_renders_notices_when_ray_is_unreachable(monkeypatch):
-    from airflow_ray_ml_stages.localcluster import free_port
+    from scripts.localcluster import free_port
 
     monkeypatch.setenv("AIRFLOW_CONN_RAY_UI_DOWN", json.dumps(
         {"conn_type": "ray", "extra": {"dashboard_url": f"http://127.0.0.1:{free_port()}"}}))

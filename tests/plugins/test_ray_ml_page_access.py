@@ -49,7 +49,7 @@ def tune_runs(airflow_db, tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def page_server(tune_runs, tmp_path_factory):
     """The api-server with DagGrantAuthManager, its users' passwords written beforehand."""
-    from airflow_ray_ml_stages.localcluster import free_port
+    from scripts.localcluster import free_port
 
     home = tmp_path_factory.mktemp("page-access-api")
     passwords = {user: f"{user}-password" for user in GRANTS}

@@ -154,7 +154,7 @@ def test_make_run_ray_cpus_and_gpus_size_the_local_head(tmp_path):
 
     import requests
 
-    from airflow_ray_ml_stages import localcluster
+    from scripts import localcluster
 
     pid_file = str(tmp_path / "ray.json")
     start = ["start", "--pid-file", pid_file, "--dashboard-port", str(localcluster.free_port()),

@@ -9,11 +9,15 @@ in the checkout: Unix socket paths have a length limit (see ``check_socket_paths
 path can be of any length. Ray's temp dir (sessions, logs, sockets) is its ``ray``, Serve's HAProxy
 files are in its ``hp``.
 
+A development tool (`make run`, the tests, the benches): it lives in scripts/, outside the wheel,
+since it drives Ray Serve's HAProxy through Ray-internal settings (``RAY_SERVE_HAPROXY_*``) and
+the config Ray's HAProxy template writes (haproxy_loopback.sh), which any Ray release may change.
+
 Command line (used by the Makefile)::
 
-    python -m airflow_ray_ml_stages.localcluster start --pid-file FILE [--temp-dir DIR] [--dashboard-port 8265] ...
-    python -m airflow_ray_ml_stages.localcluster stop --pid-file FILE
-    python -m airflow_ray_ml_stages.localcluster status --pid-file FILE
+    python -m scripts.localcluster start --pid-file FILE [--temp-dir DIR] [--dashboard-port 8265] ...
+    python -m scripts.localcluster stop --pid-file FILE
+    python -m scripts.localcluster status --pid-file FILE
 """
 
 from __future__ import annotations
@@ -440,7 +444,7 @@ def _alive(state: dict | None) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m airflow_ray_ml_stages.localcluster")
+    parser = argparse.ArgumentParser(prog="python -m scripts.localcluster")
     parser.add_argument("command", choices=("start", "stop", "status"))
     parser.add_argument("--pid-file", required=True)
     parser.add_argument("--temp-dir", help="the cluster's dir, Ray's temp dir in its ray/ (default: a short "

@@ -1,0 +1,1 @@
+"""Development tools run from a checkout (`make run`, the tests, the benches); not in the wheel."""
