@@ -137,11 +137,17 @@ def ray_cluster():
     """A real 2-CPU Ray head on free ports with token auth, stopped (by its session) afterwards.
 
     It advertises no GPU even where Ray would find one: the suite tests the CPU path here, and the
-    ``gpu`` tests start a cluster of their own with the GPU (``make test-gpu``)."""
+    ``gpu`` tests start a cluster of their own with the GPU (``make test-gpu``).
+
+    A Serve replica that is stopped (its application deleted, or scaled down) stays reachable for
+    Ray's deregistration window before it drains, 30 s by default, for load balancers on other
+    nodes; behind this one node's HAProxy, which retries a refused connection on another replica,
+    1 s is enough, and each module's cleanup no longer waits half a minute for it."""
     from airflow_ray_ml_stages.localcluster import LocalRayCluster, new_token
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token())
+    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token(),
+                              extra_env={"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"})
     try:
         cluster.start()
         yield cluster
