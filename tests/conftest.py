@@ -8,7 +8,7 @@ What a test run starts, each only when a selected test first asks for it (sessio
 
 - ``airflow_db``: the metadata database (SQLite in the throw-away AIRFLOW_HOME), migrated once;
 - ``ray_cluster`` / ``ray_conn``: one 2-CPU Ray head, without GPUs, on free ports with token auth,
-  that every integration test shares through the ``ray_default`` connection; stopped at the end;
+  that the integration tests share through the ``ray_default`` connection; stopped at the end;
 - ``trained_models``: three XGBoost regression models of known quality on one split, trained as
   Ray jobs by one run of the ``serve_models`` DAG, and new rows to score;
 - ``served_champion``: the good one of those, served on that cluster's Ray Serve for the whole run;
