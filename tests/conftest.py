@@ -1,7 +1,24 @@
-"""Test set-up: a throw-away AIRFLOW_HOME, and a real local Ray cluster for integration tests.
+"""Test set-up: a throw-away AIRFLOW_HOME, one real local Ray cluster for the integration tests, and
+what is expensive to make, made once per test run and then only read.
 
 The environment is fixed here, before any test module imports airflow, so tests never touch a
 developer's own Airflow home or the cluster that ``make run`` may have started.
+
+What a test run starts, each only when a selected test first asks for it (session fixtures):
+
+- ``airflow_db``: the metadata database (SQLite in the throw-away AIRFLOW_HOME), migrated once;
+- ``ray_cluster`` / ``ray_conn``: one 2-CPU Ray head, without GPUs, on free ports with token auth,
+  that the integration tests share through the ``ray_default`` connection; stopped at the end;
+- ``trained_models``: three XGBoost regression models of known quality on one split, trained as
+  Ray jobs by one run of the ``serve_models`` DAG, and new rows to score;
+- ``served_champion``: the good one of those, served on that cluster's Ray Serve for the whole run;
+- ``failed_tune_run``: a Tune run whose every trial fails, with its task note;
+- ``s3_server``: a SeaweedFS S3 server on loopback, for the ``s3`` tests.
+
+Besides these, a test that needs another shape of cluster (a GPU, eight CPUs, two nodes) starts it
+with ``extra_cluster`` and stops it when done; a module fixture may train what only its module needs.
+Tests never change what a session fixture made: one that changes Serve state deploys applications
+of its own names and deletes them when its module ends (``serve_apps_deleted_after_module``).
 """
 
 from __future__ import annotations
@@ -13,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -118,11 +137,17 @@ def ray_cluster():
     """A real 2-CPU Ray head on free ports with token auth, stopped (by its session) afterwards.
 
     It advertises no GPU even where Ray would find one: the suite tests the CPU path here, and the
-    ``gpu`` tests start a cluster of their own with the GPU (``make test-gpu``)."""
+    ``gpu`` tests start a cluster of their own with the GPU (``make test-gpu``).
+
+    A Serve replica that is stopped (its application deleted, or scaled down) stays reachable for
+    Ray's deregistration window before it drains, 30 s by default, for load balancers on other
+    nodes; behind this one node's HAProxy, which retries a refused connection on another replica,
+    1 s is enough, and each module's cleanup no longer waits half a minute for it."""
     from scripts.localcluster import LocalRayCluster, new_token
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token())
+    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token(),
+                              extra_env={"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"})
     try:
         cluster.start()
         yield cluster
@@ -150,45 +175,140 @@ def ray_conn(ray_cluster, artifact_root):
     os.environ.pop("AIRFLOW_CONN_RAY_DEFAULT", None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def serve_apps_left_as_found():
-    """Each test module leaves the session cluster's Serve as it found it: the applications that the
-    module deployed are deleted when it ends (a module's own fixtures may share one deployment).
+def serve_apps_deleted_after_module(*names: str):
+    """A fixture that deletes the Serve applications ``names`` from the session cluster when the test
+    module that holds it ends. A module that deploys applications declares them, at module level::
 
-    Every application's replica reserves CPU on the 2-CPU test cluster; left to pile up over the
-    modules, in some orders they took the CPUs that a later stage's Ray Data or Serve needed, and
-    those tests waited until their timeout.
+        delete_own_serve_apps = serve_apps_deleted_after_module("wine-test", "wine-keyed")
+
+    Every replica reserves CPU on the 2-CPU test cluster: applications left over from earlier modules
+    once took the CPUs that a later module's Ray Data or Serve needed, and in some orders those tests
+    waited until their timeout. Only the names given are deleted, so the session's served champion
+    (and any other module's applications) stay.
     """
-    before = set(_session_serve_applications())
-    yield
-    _delete_serve_applications(set(_session_serve_applications()) - before)
 
+    @pytest.fixture(scope="module", autouse=True)
+    def delete_own_serve_apps():
+        yield
+        if "AIRFLOW_CONN_RAY_DEFAULT" in os.environ:  # the session cluster is up: the module may have deployed
+            _delete_serve_applications(set(names))
 
-def _session_serve_applications() -> dict:
-    """The session cluster's live Serve applications ({} before ``ray_conn`` has pointed at it)."""
-    if "AIRFLOW_CONN_RAY_DEFAULT" not in os.environ:
-        return {}
-    from airflow_ray_ml.hooks.ray import RayHook
-
-    return RayHook().get_serve_applications().get("applications") or {}
+    return delete_own_serve_apps
 
 
 def _delete_serve_applications(names: set[str], timeout_s: float = 120.0) -> None:
-    """Delete ``names`` from the session cluster's Serve, keeping its other applications and its
-    instance settings, and wait until their replicas are gone."""
-    if not names:
-        return
+    """Delete those of ``names`` that are live on the session cluster's Serve, keeping its other
+    applications and its instance settings, and wait until their replicas are gone."""
     from airflow_ray_ml.hooks.ray import RayHook
     from airflow_ray_ml.ray_serve import live_applications, live_instance_settings
 
     hook = RayHook()
     state = hook.get_serve_applications()
+    names = names & set(state.get("applications") or {})
+    if not names:
+        return
     kept = [app for app in live_applications(state) if app.get("name") not in names]
     hook.put_serve_applications({**(live_instance_settings(state) or {}), "applications": kept})
     deadline = time.monotonic() + timeout_s
     while names & set(hook.get_serve_applications().get("applications") or {}):
         assert time.monotonic() < deadline, f"Serve applications {sorted(names)} not deleted in {timeout_s:.0f} s"
         time.sleep(1)
+
+
+def xcom(dag_run, task_id: str, key: str = "return_value"):
+    """The XCom ``key`` that task ``task_id`` pushed in ``dag_run``, decoded."""
+    from tests.operators.test_ray_job import _xcom
+
+    return _xcom(dag_run, task_id, key)
+
+
+@dataclass(frozen=True)
+class TrainedModels:
+    """Three XGBoost regression models trained on one split, of known quality: on its test rows
+    ``models["worse"]`` < ``models["good"]`` < ``models["better"]``.
+
+    :param models: each model's train XCom (``model_dir``, ``model_version``, ``metrics``, ...), by name.
+    :param data: the preprocess XCom of the split they were trained on.
+    :param source: the generated wine files that split was made from.
+    :param new_rows: generated wine files without the label, in the published UCI layout, to score.
+    """
+
+    models: dict[str, dict]
+    data: dict
+    source: list[str]
+    new_rows: list[str]
+
+
+@pytest.fixture(scope="session")
+def trained_models(airflow_db, ray_conn) -> TrainedModels:
+    """The models of ``TrainedModels``, trained once per test run by the ``serve_models`` DAG
+    (tests/dag_fixtures/serve_dags.py: generate, preprocess, three trainings and new rows, each a Ray
+    job). Tests read them; a test that must change a model directory copies it first."""
+    when = datetime(2026, 5, 1, tzinfo=timezone.utc)
+    dag_run = load_dag("serve_models").test(logical_date=when, run_after=when)
+    assert dag_run.state == "success"
+    models = {name: xcom(dag_run, f"train_{name}") for name in ("worse", "good", "better")}
+    rmse = {name: model["metrics"]["test"]["rmse"] for name, model in models.items()}
+    assert rmse["better"] < rmse["good"] < rmse["worse"], rmse  # what the tests take as given
+    return TrainedModels(models=models, data=xcom(dag_run, "preprocess"),
+                         source=xcom(dag_run, "demo_data")["data_uris"], new_rows=xcom(dag_run, "new_wines")["data_uris"])
+
+
+@dataclass(frozen=True)
+class ServedChampion:
+    """A model served on the session cluster's Ray Serve.
+
+    :param app: the Serve application's name.
+    :param endpoint: its base URL (``<endpoint>/predict``, ``/health``, ``/metadata``).
+    :param model: the served model's train XCom.
+    :param data: the preprocess XCom of the split it was trained on.
+    :param deploy: the deploy task's XCom.
+    """
+
+    app: str
+    endpoint: str
+    model: dict
+    data: dict
+    deploy: dict
+
+
+@pytest.fixture(scope="session")
+def served_champion(trained_models) -> ServedChampion:
+    """``trained_models``' good model, promoted to Ray Serve once per test run by the real deploy
+    operator (the ``serve_champion`` DAG, whose application and route are derived from its id) and
+    served until the cluster stops. Tests only send it requests; one that deploys, rolls back or
+    changes instance settings uses an application of its own."""
+    from airflow_ray_ml.hooks.ray import RayHook
+
+    when = datetime(2026, 5, 1, tzinfo=timezone.utc)
+    model, data = trained_models.models["good"], trained_models.data
+    dag_run = load_dag("serve_champion").test(logical_date=when, run_after=when,
+                                              run_conf={"model": model, "data": data})
+    assert dag_run.get_task_instance("deploy").state == "success"
+    deploy = xcom(dag_run, "deploy")
+    assert deploy["action"] == "promoted"
+    return ServedChampion(app="serve_champion", endpoint=f"{RayHook().serve_url}/serve_champion", model=model,
+                          data=data, deploy=deploy)
+
+
+@pytest.fixture(scope="session")
+def failed_tune_run(airflow_db, ray_conn, tmp_path_factory):
+    """A run of the ``tune_only`` DAG (tests/dag_fixtures/tune_dags.py) whose every trial fails inside
+    XGBoost (an unknown tree method), on 600 generated rows: the failed search, its manifest and
+    leaderboard, and the note the listener wrote."""
+    from tests.train_data import write_preprocessed
+
+    preprocess = write_preprocessed(tmp_path_factory.mktemp("failed-tune-data"), rows=600, seed=3)
+    when = datetime(2026, 6, 1, tzinfo=timezone.utc)
+    dag_run = load_dag("tune_only").test(logical_date=when, run_after=when,
+                                         run_conf={"preprocess": preprocess, "search_space": FAILING_SPACE})
+    assert dag_run.state == "failed"
+    return dag_run
+
+
+FAILING_SPACE = {"family": "xgboost", "xgboost": {"num_boost_round": 5, "tree_method": "no_such_method"}}
+"""A search space whose every trial fails inside XGBoost: an unknown tree method passes the spec's
+validation (XGBoost has many keys) and fails in training."""
 
 
 @pytest.fixture(scope="session")

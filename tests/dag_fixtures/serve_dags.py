@@ -1,4 +1,5 @@
-"""DAGs for the Serve tests: train three models of known quality once, then deploy from run conf."""
+"""DAGs for the Serve and scoring tests: train three models of known quality once per test session
+(``tests/conftest.py``'s ``trained_models``), then deploy from run conf."""
 
 from __future__ import annotations
 
@@ -28,17 +29,19 @@ with DAG(dag_id="serve_models", schedule=None, start_date=START, catchup=False,
                                            poll_interval_s=0.3)
     for name, config in MODELS.items():
         RayTrainOperator(task_id=f"train_{name}", config=config, poll_interval_s=0.3, data=preprocess.output)
+    # New rows to score, in the published UCI layout without the quality column (the type comes
+    # from the file names).
+    RayJobOperator(task_id="new_wines", stage="generate", poll_interval_s=0.3,
+                   spec={"rows": 700, "seed": 99, "file_format": "uci", "with_label": False})
 
-# A schema change: a champion trained with every column, a challenger whose table lacks alcohol.
-with DAG(dag_id="serve_schema_models", schedule=None, start_date=START, catchup=False,
+# A schema change: the champion is serve_models' good model, trained with every column; the
+# challenger is the same model trained on the same files (the run conf's source) without alcohol.
+with DAG(dag_id="serve_schema_lacking", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True):
-    data = RayJobOperator(task_id="demo_data", stage="generate", spec={"rows": 1500, "seed": 13},
-                          poll_interval_s=0.3)
-    for name, dropped in (("full", []), ("lacking", ["alcohol"])):
-        preprocess = RayDataPreprocessOperator(task_id=f"preprocess_{name}", source=data.output["data_uris"],
-                                               label_column="quality", label_range=[0, 10], seed=3,
-                                               drop_columns=dropped, poll_interval_s=0.3)
-        RayTrainOperator(task_id=f"train_{name}", config=MODELS["good"], poll_interval_s=0.3, data=preprocess.output)
+    preprocess = RayDataPreprocessOperator(task_id="preprocess", source="{{ dag_run.conf['source'] }}",
+                                           label_column="quality", label_range=[0, 10], seed=3,
+                                           drop_columns=["alcohol"], poll_interval_s=0.3)
+    RayTrainOperator(task_id="train", config=MODELS["good"], poll_interval_s=0.3, data=preprocess.output)
 
 
 def _deploy_dag(dag_id: str, **kwargs) -> DAG:
@@ -59,9 +62,10 @@ serve_deploy = _deploy_dag("serve_deploy", app_name="wine-test", route_prefix="/
                            retry_delay=timedelta(seconds=1))
 serve_deploy_keyed = _deploy_dag("serve_deploy_keyed", app_name="wine-keyed", route_prefix="/keyed",
                                  api_key_conn_id="serve_api_key")
-# The request and binding checks get an application of their own, so they need no other test's. It
-# names neither: the application and route are the ones derived from the DAG id.
-serve_deploy_requests = _deploy_dag("serve_deploy_requests")
+# The session's served champion (tests/conftest.py's ``served_champion``), which tests only read. It
+# names neither application nor route: both are derived from the DAG id. A tenth of a CPU, since it
+# stays up all session beside the stages that need the test cluster's two.
+serve_champion = _deploy_dag("serve_champion", replica_cpus=0.1)
 # Two DAGs on one application: the second is refused unless the run conf allows the takeover. A
 # retry is allowed, so a refusal that were retried would show as a second try.
 _SHARED = {"app_name": "wine-shared", "route_prefix": "/shared", "retries": 1, "retry_delay": timedelta(seconds=1),

@@ -16,11 +16,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, serve_apps_deleted_after_module
 from tests.operators.test_ray_job import _xcom
 
 # the same app on its own route as the other tests' models would meet: one of its own
 APP = "lineage-wine"
+delete_own_serve_apps = serve_apps_deleted_after_module(APP)
 PIPELINE_CONF = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 1, "families": ["xgboost"],
                  "num_boost_round": 20, "require_gpu": False, "serve_app": APP, "serve_route": f"/{APP}"}
 SCORING_CONF = {"new_rows": 200, "serve_app": APP}

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 import requests
 
-from tests.conftest import ROOT, allow_sources, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag, serve_apps_deleted_after_module
 from tests.dags.test_wine_pipeline import ROW, _states
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = pytest.mark.integration
+delete_own_serve_apps = serve_apps_deleted_after_module("wine-grades", "good-wine", "churn")
 
 SMALL = {"demo_rows": 1500, "demo_seed": 3, "num_trials": 2, "max_epochs": 3, "num_boost_round": 40,
          "task": "classification"}

@@ -15,11 +15,12 @@ from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.ray_serve import app_model_version
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
-from tests.conftest import ROOT, allow_sources, extra_cluster, load_dag
+from tests.conftest import ROOT, allow_sources, extra_cluster, load_dag, serve_apps_deleted_after_module
 from tests.operators.test_ray_job import _xcom
 from tests.scripts.test_stack import write_rent_table
 
 pytestmark = pytest.mark.integration
+delete_own_serve_apps = serve_apps_deleted_after_module("wine-quality", "monthly-rent")
 
 ROW = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "residual sugar": 20.7,
        "chlorides": 0.045, "free sulfur dioxide": 45.0, "total sulfur dioxide": 170.0, "density": 1.001,

@@ -25,6 +25,7 @@ from airflow_ray_ml_stages.serve import (
     APP_IMPORT_PATH, DEPLOYMENT_NAME, MAX_INSTANCES, MAX_PROBLEMS, VALIDATION_ERROR_SCHEMA, LoadedModel, hash_api_key,
     read_json_body,
 )
+from tests.conftest import serve_apps_deleted_after_module
 
 NUMERIC = ["alcohol", "density"]
 CATEGORIES = {"colour": ["red", "white"]}
@@ -307,6 +308,7 @@ def test_openapi_document_declares_each_status_and_schema(model_dirs, keyed):
 APPS = {"regression": ("contract-regression", "/contract-regression", None),
         "multiclass": ("contract-multiclass", "/contract-multiclass", API_KEY),
         "boolean": ("contract-boolean", "/contract-boolean", None)}
+delete_own_serve_apps = serve_apps_deleted_after_module(*(app for app, _, _ in APPS.values()))
 
 
 def _base(prefix: str) -> str:

@@ -1,9 +1,14 @@
-"""The batch-scoring stage and RayBatchScoreOperator: on a real local Ray cluster, and its checks before any job."""
+"""The batch-scoring stage and RayBatchScoreOperator: on a real local Ray cluster, and its checks before any job.
+
+The model and the new rows are the session's ``trained_models`` (tests/conftest.py); a file scored
+in place is a copy, so the fixture's stay as they were.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
+import shutil
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -31,12 +36,10 @@ def _score(**conf):
     return dag_run, {ti.task_id: ti.state for ti in dag_run.get_task_instances()}["score"]
 
 
-@pytest.fixture(scope="module")
-def trained(airflow_db, ray_conn):
-    when = datetime(2026, 7, 1, tzinfo=timezone.utc)
-    dag_run = load_dag("score_model").test(logical_date=when, run_after=when)
-    assert dag_run.state == "success"
-    return _xcom(dag_run, "train"), _xcom(dag_run, "new_wines")["data_uris"]
+@pytest.fixture
+def trained(trained_models) -> tuple[dict, list[str]]:
+    """The session's better model and its new rows' files (to read, or to copy before scoring)."""
+    return trained_models.models["better"], trained_models.new_rows
 
 
 def _error(dag_run) -> str:
@@ -54,9 +57,11 @@ def _read_output(uri: str) -> pd.DataFrame:
 
 
 @pytest.mark.integration
-def test_scores_a_uci_file_next_to_it_with_the_models_own_predictions(trained):
+def test_scores_a_uci_file_next_to_it_with_the_models_own_predictions(trained, tmp_path):
     model, files = trained
-    red = next(f for f in files if f.endswith("winequality-red.csv"))
+    # a copy: the output is written next to the file scored, and the session's files stay as they are
+    red = str(shutil.copyfile(next(f for f in files if f.endswith("winequality-red.csv")),
+                              tmp_path / "winequality-red.csv"))
     dag_run, state = _score(input=red, model=model)
     assert state == "success"
     result = _xcom(dag_run, "score")

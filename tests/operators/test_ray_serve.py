@@ -1,4 +1,8 @@
-"""RayServeDeployOperator and the Serve app, against a real local Ray cluster and real HTTP calls."""
+"""RayServeDeployOperator and the Serve app, against a real local Ray cluster and real HTTP calls.
+
+The models are the session's ``trained_models`` and the request checks go to its ``served_champion``
+(tests/conftest.py); the deploys here go to applications of this module's own, deleted when it ends.
+"""
 
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ from airflow_ray_ml.ray_serve import (
     instance_settings,
 )
 from airflow_ray_ml_stages import artifacts
-from tests.conftest import load_dag
+from tests.conftest import load_dag, serve_apps_deleted_after_module
 from tests.operators.test_ray_job import _xcom
 
 _RUNS = iter(range(1, 1000))
+delete_own_serve_apps = serve_apps_deleted_after_module("wine-test", "wine-keyed", "wine-shared", "wine-instance")
 
 
 def _when() -> datetime:
@@ -62,19 +67,10 @@ def test_gate_promotes_only_a_better_challenger(challenger, champion, metric, mi
     assert gate(challenger, champion, metric, min_improvement, force=True)[0] is True
 
 
-def train_models(when: datetime) -> tuple[dict[str, dict], dict]:
-    """Three trained models (worse < good < better on the same test split) and that split's XCom."""
-    dag_run = load_dag("serve_models").test(logical_date=when, run_after=when)
-    assert dag_run.state == "success"
-    trained = {name: _xcom(dag_run, f"train_{name}") for name in ("worse", "good", "better")}
-    rmse = {name: model["metrics"]["test"]["rmse"] for name, model in trained.items()}
-    assert rmse["better"] < rmse["good"] < rmse["worse"], rmse  # the fixture's premise
-    return trained, _xcom(dag_run, "preprocess")
-
-
-@pytest.fixture(scope="module")
-def models(airflow_db, ray_conn):
-    return train_models(datetime(2026, 5, 1, tzinfo=timezone.utc))
+@pytest.fixture
+def models(trained_models) -> tuple[dict[str, dict], dict]:
+    """The session's three models (worse < good < better on one test split) and that split's XCom."""
+    return trained_models.models, trained_models.data
 
 
 def _endpoint(prefix: str = "/wine-test") -> str:
@@ -89,23 +85,6 @@ def _row() -> dict:
 
 def _served_version(prefix: str = "/wine-test", **headers) -> str:
     return requests.get(f"{_endpoint(prefix)}/health", headers=headers, timeout=10).json()["model_version"]
-
-
-# serve_deploy_requests names no application or route: both are derived from its DAG id.
-REQUESTS_ROUTE = "/serve_deploy_requests"
-
-
-def _ensure_deployed(trained: dict, data: dict) -> None:
-    """Deploy the good model to the request checks' own application unless it answers already."""
-    try:
-        if requests.get(f"{_endpoint(REQUESTS_ROUTE)}/health", timeout=10).status_code == 200:
-            return
-    except requests.RequestException:
-        pass
-    dag_run, state = _deploy("serve_deploy_requests", model=trained["good"], data=data)
-    assert state == "success"
-    assert _xcom(dag_run, "deploy")["endpoint"] == _endpoint(REQUESTS_ROUTE)
-    assert "serve_deploy_requests" in RayHook().get_serve_applications()["applications"]
 
 
 def _history(app: str = "wine-test") -> list[dict]:
@@ -189,8 +168,10 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
 
 
 @pytest.mark.integration
-def test_serve_malformed_requests_get_4xx_with_field_messages(models):
-    _ensure_deployed(*models)
+def test_serve_malformed_requests_get_4xx_with_field_messages(served_champion):
+    # serve_champion names no application or route: both are derived from its DAG id
+    assert served_champion.deploy["endpoint"] == served_champion.endpoint
+    predict = f"{served_champion.endpoint}/predict"
     row = _row()
     cases = {
         "unknown feature": {"instances": [{**row, "colour": "red"}]},
@@ -204,18 +185,16 @@ def test_serve_malformed_requests_get_4xx_with_field_messages(models):
         "no instances key": {"rows": [row]},
     }
     for name, body in cases.items():
-        reply = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", json=body, timeout=30)
+        reply = requests.post(predict, json=body, timeout=30)
         assert 400 <= reply.status_code < 500, (name, reply.status_code, reply.text[:200])
         assert reply.json()["detail"], name
-    not_json = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", data="{",
+    not_json = requests.post(predict, data="{",
                              headers={"content-type": "application/json"}, timeout=10)
     assert 400 <= not_json.status_code < 500
-    detail = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", json=cases["missing feature"],
-                           timeout=10).json()["detail"]
+    detail = requests.post(predict, json=cases["missing feature"], timeout=10).json()["detail"]
     assert detail[0]["loc"][-1] == "alcohol" and "missing" in detail[0]["msg"]
     # Rows as lists are refused: they depend on the served model's column order (serve-deploy.md).
-    ordered = requests.post(f"{_endpoint(REQUESTS_ROUTE)}/predict", json={"instances": [list(row.values())]},
-                            timeout=10)
+    ordered = requests.post(predict, json={"instances": [list(row.values())]}, timeout=10)
     assert ordered.status_code == 422 and ordered.json()["detail"][0]["type"] == "dict_type"
 
 
@@ -237,8 +216,7 @@ def test_serve_api_key_required_when_configured(models):
 
 
 @pytest.mark.integration
-def test_serve_binds_to_loopback_only(models, ray_conn):
-    _ensure_deployed(*models)
+def test_serve_binds_to_loopback_only(served_champion, ray_conn):
     import psutil
     from urllib.parse import urlsplit
 

@@ -1,9 +1,10 @@
 """Rollback and pin of a served model, started from the "Ray ML" page as runs of the rollback DAG,
 and the decisions of deploys and rollbacks as task and run notes.
 
-Real pieces throughout: models trained on the session's local Ray cluster, deployed by the real
-deploy operator, Airflow's api-server (with the page) and a scheduler with the LocalExecutor on the
-test metadata DB, and HTTP calls to the endpoint to see which model answers.
+Real pieces throughout: the session's models (``trained_models``, trained as Ray jobs on its local
+cluster), deployed by the real deploy operator to this module's own application, Airflow's
+api-server (with the page) and a scheduler with the LocalExecutor on the test metadata DB, and HTTP
+calls to the endpoint to see which model answers.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from airflow_ray_ml.plugins.decision_notes import decision_text
 from airflow_ray_ml.ray_serve import history_uri, serving_dir
 from airflow_ray_ml.ray_serve_rollback import RayServeRollbackOperator, RollbackError, check_version, previous_version
 from airflow_ray_ml_stages import artifacts
-from tests.conftest import ROOT, load_dag, serialize_project_dags
+from tests.conftest import ROOT, load_dag, serialize_project_dags, serve_apps_deleted_after_module
 from tests.dags.wine_conf import trigger_params
-from tests.operators.test_ray_serve import train_models
 from tests.plugins.api_server import running_api_server
 
 APP, ROUTE = "wine-rollback", "/rollback"
 ROLLBACK_DAG = "ray_serve_rollback"
 _RUNS = iter(range(1, 1000))
+delete_own_serve_apps = serve_apps_deleted_after_module(APP)
 
 
 def _promoted(*versions: str) -> list[dict]:
@@ -129,9 +130,10 @@ def _notes(dag_id: str, run_id: str) -> tuple[str | None, dict[str, str | None]]
 
 
 @pytest.fixture(scope="module")
-def served(airflow_db, ray_conn):
-    """Three trained models (worse < good < better); good then better promoted to the test app."""
-    trained, data = train_models(datetime(2026, 5, 2, tzinfo=timezone.utc))
+def served(trained_models):
+    """The session's three models (worse < good < better) and their split; good then better promoted
+    to this module's application."""
+    trained, data = trained_models.models, trained_models.data
     for name in ("good", "better"):
         _, deploy = _deploy(model=trained[name], data=data)
         assert deploy.state == "success", name

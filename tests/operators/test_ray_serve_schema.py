@@ -1,6 +1,10 @@
 """RayServeDeployOperator across a schema change, against a real local Ray cluster: a champion trained
 with a column that the challenger's table lacks is never scored; the setting decides, and the decision
-is in the note and the serving history."""
+is in the note and the serving history.
+
+The champion is the session's good model (``trained_models``); the challenger is the same model
+trained on the same files without the column, here; both are served on this module's own application.
+"""
 
 from __future__ import annotations
 
@@ -12,23 +16,25 @@ import requests
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.plugins.decision_notes import decision_text
 from airflow_ray_ml.ray_serve import read_history, serving_dir
-from tests.conftest import load_dag
+from tests.conftest import load_dag, serve_apps_deleted_after_module
 from tests.operators.test_ray_job import _xcom
 from tests.operators.test_ray_serve import _deploy, _row
 from tests.operators.test_ray_serve_rollback import _notes
 
 APP, ROUTE = "wine-schema", "/schema"
 REASON = "schema changed: champion needs ['alcohol'], which the challenger's data lacks"
+delete_own_serve_apps = serve_apps_deleted_after_module(APP)
 
 
 @pytest.fixture(scope="module")
-def schema_models(airflow_db, ray_conn):
+def schema_models(trained_models):
     """The full model served to the test's application, and the model of the table without alcohol."""
     when = datetime(2026, 5, 3, tzinfo=timezone.utc)
-    dag_run = load_dag("serve_schema_models").test(logical_date=when, run_after=when)
+    dag_run = load_dag("serve_schema_lacking").test(logical_date=when, run_after=when,
+                                                    run_conf={"source": trained_models.source})
     assert dag_run.state == "success"
-    models = {name: (_xcom(dag_run, f"train_{name}"), _xcom(dag_run, f"preprocess_{name}"))
-              for name in ("full", "lacking")}
+    models = {"full": (trained_models.models["good"], trained_models.data),
+              "lacking": (_xcom(dag_run, "train"), _xcom(dag_run, "preprocess"))}
     model, data = models["full"]
     _, state = _deploy("serve_schema", model=model, data=data, on_schema_change="refuse")
     assert state == "success"

@@ -66,9 +66,15 @@ def _assert_trained_well(manifest: dict, splits: dict, family: str) -> None:
     assert model.card.model_version == manifest["model_version"]
 
 
+@pytest.fixture(scope="module")
+def lightning_run(airflow_db, ray_conn, splits):
+    """One run of ``train_lightning`` (the probe, then a small Lightning model) on the module's splits."""
+    return _run("train_lightning", splits, SMALL_LIGHTNING)
+
+
 @pytest.mark.integration
-def test_train_lightning_with_probed_compute_beats_baseline_and_loads_outside_ray(airflow_db, ray_conn, splits):
-    dag_run = _run("train_lightning", splits, SMALL_LIGHTNING)
+def test_train_lightning_with_probed_compute_beats_baseline_and_loads_outside_ray(lightning_run, splits):
+    dag_run = lightning_run
     assert dag_run.state == "success"
     manifest = _xcom(dag_run, "train")
     _assert_trained_well(manifest, splits, "lightning")
@@ -82,8 +88,8 @@ def test_train_lightning_with_probed_compute_beats_baseline_and_loads_outside_ra
 
 
 @pytest.mark.integration
-def test_train_lightning_rerun_with_same_seed_gives_same_metrics(airflow_db, ray_conn, splits):
-    first = _xcom(_run("train_lightning", splits, SMALL_LIGHTNING), "train")
+def test_train_lightning_rerun_with_same_seed_gives_same_metrics(lightning_run, splits):
+    first = _xcom(lightning_run, "train")
     second_run = _run("train_lightning", splits, SMALL_LIGHTNING, logical_date=LOGICAL_DATE + timedelta(days=1))
     second = _xcom(second_run, "train")
     assert second["artifact_dir"] != first["artifact_dir"]  # a new Airflow run: a new run name

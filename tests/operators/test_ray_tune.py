@@ -26,8 +26,6 @@ SMALL_SPACE = {
     "lightning": {"hidden_sizes": {"choice": [[16], [32, 16]]}, "lr": {"loguniform": [1e-3, 1e-2]}, "max_epochs": 2},
     "xgboost": {"max_depth": {"randint": [2, 6]}, "eta": {"uniform": [0.1, 0.3]}, "num_boost_round": 20},
 }
-# Every trial fails inside XGBoost (an unknown tree method passes validation: XGBoost has many keys).
-FAILING_SPACE = {"family": "xgboost", "xgboost": {"num_boost_round": 5, "tree_method": "no_such_method"}}
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +91,8 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
 
 
 @pytest.mark.integration
-def test_tune_all_trials_failing_ends_the_task_with_the_reason(airflow_db, ray_conn, preprocess, artifact_root):
-    dag_run = _run("tune_only", preprocess, FAILING_SPACE, day=1)
-    assert dag_run.state == "failed"
+def test_tune_all_trials_failing_ends_the_task_with_the_reason(failed_tune_run, artifact_root):
+    dag_run = failed_tune_run  # every trial fails inside XGBoost (conftest.FAILING_SPACE)
     directory = artifacts.run_dir(artifact_root, "tune_only", dag_run.run_id, "tune")
     manifest = json.loads((Path(directory) / "manifest.json").read_text())
     assert manifest["status"] == "failed"

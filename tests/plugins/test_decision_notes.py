@@ -29,7 +29,6 @@ from airflow_ray_ml.plugins.ray_ml_runs import decode_xcom, list_tune_runs, load
 from airflow_ray_ml.ray_job import RayJobOperator
 from tests.conftest import load_dag
 from tests.dag_fixtures.notes_dags import ERROR, SECRET_CONN_ID
-from tests.operators.test_ray_tune import FAILING_SPACE
 
 LOGICAL_DATE = datetime(2026, 6, 1, tzinfo=timezone.utc)
 TUNE_FIX = "Fix the search space or the data"
@@ -145,21 +144,9 @@ def test_failure_notes_error_quoting_a_connection_password_is_masked(airflow_db,
     assert password not in json.dumps(_failure(dag_run, "log_in"))
 
 
-@pytest.fixture(scope="module")
-def failed_tune(airflow_db, ray_conn, tmp_path_factory):
-    """A run of ``tune_only`` whose every trial fails on the test cluster."""
-    from tests.train_data import write_preprocessed
-
-    preprocess = write_preprocessed(tmp_path_factory.mktemp("notes-tune-data"), rows=600, seed=3)
-    dag_run = load_dag("tune_only").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE,
-                                         run_conf={"preprocess": preprocess, "search_space": FAILING_SPACE})
-    assert dag_run.state == "failed"
-    return dag_run
-
-
 @pytest.mark.integration
-def test_failure_notes_failed_tune_run_notes_the_error_and_the_fix_it_names(failed_tune):
-    notes = _notes(failed_tune)
+def test_failure_notes_failed_tune_run_notes_the_error_and_the_fix_it_names(failed_tune_run):
+    notes = _notes(failed_tune_run)
     assert notes["tune"].startswith("Failed: stage tune failed: TuneError: no trial completed: 4 trial(s), 4 failed")
     assert TUNE_FIX in notes["tune"] and "time_budget_s" in notes["tune"]
     assert notes["run"].startswith("tune failed: stage tune failed: TuneError: no trial completed")
@@ -167,12 +154,12 @@ def test_failure_notes_failed_tune_run_notes_the_error_and_the_fix_it_names(fail
 
 
 @pytest.mark.integration
-def test_ray_ml_page_lists_a_failed_tune_run_with_its_error_and_shows_it_selected(failed_tune):
+def test_ray_ml_page_lists_a_failed_tune_run_with_its_error_and_shows_it_selected(failed_tune_run):
     from airflow.utils.session import create_session
 
     with create_session() as session:
         runs = list_tune_runs(session, {"tune_only"})
-        ours = next(run for run in runs if run.run_id == failed_tune.run_id)
+        ours = next(run for run in runs if run.run_id == failed_tune_run.run_id)
         assert ours.failed and ours.error.startswith("stage tune failed: TuneError: no trial completed")
         shown = load_tune_run(session, {"tune_only"}, ours)
         assert load_tune_run(session, {"another_dag"}, ours) is None  # a DAG the user may not read
