@@ -25,7 +25,9 @@ from airflow_ray_ml.errors import RayOperatorError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml_stages import localcluster
 from airflow_ray_ml_stages.errors import ClusterError
-from airflow_ray_ml_stages.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
+from airflow_ray_ml_stages.localcluster import (
+    LocalRayCluster, check_socket_paths, default_temp_dir, new_token, private_dir,
+)
 from tests.conftest import ROOT, load_dag
 
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
@@ -129,7 +131,7 @@ def cluster_of_its_own():
     """A head given no temp dir, whose Serve no test has started yet: the tests below share it.
 
     Its stop must remove the dir it made (checked when the module is done with it)."""
-    cluster = LocalRayCluster(num_cpus=1, num_gpus=0)
+    cluster = LocalRayCluster(num_cpus=1, num_gpus=0, token=new_token())
     try:
         cluster.start()
         yield cluster
