@@ -25,8 +25,10 @@ from airflow_ray_ml.errors import RayOperatorError
 from airflow_ray_ml.hooks.ray import RayHook
 from scripts import localcluster
 from airflow_ray_ml_stages.errors import ClusterError
-from scripts.localcluster import LocalRayCluster, check_socket_paths, default_temp_dir, private_dir
-from tests.conftest import ROOT, extra_cluster, load_dag
+from scripts.localcluster import (
+    LocalRayCluster, check_socket_paths, default_temp_dir, new_token, private_dir,
+)
+from tests.conftest import ROOT, load_dag
 
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
 
@@ -124,28 +126,39 @@ def _running_naming(text: str) -> list[int]:
     return [pid for pid in _running(int(e) for e in os.listdir("/proc") if e.isdigit()) if text in _cmdline(pid)]
 
 
-@pytest.mark.integration
-def test_a_cluster_given_no_temp_dir_gets_a_private_short_one_that_stop_removes():
-    cluster = LocalRayCluster(num_cpus=1, num_gpus=0)
+@pytest.fixture(scope="module")
+def cluster_of_its_own():
+    """A head given no temp dir, whose Serve no test has started yet: the tests below share it.
+
+    Its stop must remove the dir it made (checked when the module is done with it)."""
+    cluster = LocalRayCluster(num_cpus=1, num_gpus=0, token=new_token())
     try:
         cluster.start()
-        temp_dir = cluster.temp_dir
-        assert Path(temp_dir).parent == Path(tempfile.gettempdir())
-        # private while Ray runs, though Ray makes its own temp dir (inside) world-writable
-        info = os.stat(temp_dir)
-        assert info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
-        assert Path(cluster.ray_temp_dir).parent == Path(temp_dir)
-        assert (Path(cluster.ray_temp_dir) / "session_latest" / "logs").is_dir()
+        yield cluster
     finally:
         cluster.stop()
-    assert not os.path.exists(temp_dir)
+    assert not os.path.exists(cluster.temp_dir), f"stop left the cluster's own temp dir {cluster.temp_dir}"
 
 
 @pytest.mark.integration
-def test_a_serve_config_that_fails_to_start_reports_its_cause():
+def test_a_cluster_given_no_temp_dir_gets_a_private_short_one(cluster_of_its_own):
+    temp_dir = cluster_of_its_own.temp_dir
+    assert Path(temp_dir).parent == Path(tempfile.gettempdir())
+    # private while Ray runs, though Ray makes its own temp dir (inside) world-writable
+    info = os.stat(temp_dir)
+    assert info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+    assert Path(cluster_of_its_own.ray_temp_dir).parent == Path(temp_dir)
+    assert (Path(cluster_of_its_own.ray_temp_dir) / "session_latest" / "logs").is_dir()
+
+
+@pytest.mark.integration
+def test_a_serve_config_that_fails_to_start_reports_its_cause(cluster_of_its_own, monkeypatch):
     # A port this test holds on loopback: Serve's proxy cannot bind it, and the dashboard answers
     # with the whole traceback, the cause on its last line.
-    with socket.socket() as held, extra_cluster("ray_rejects", num_cpus=1, num_gpus=0):
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_REJECTS", json.dumps({
+        "conn_type": "ray",
+        "extra": {"dashboard_url": cluster_of_its_own.dashboard_url, "auth_token": cluster_of_its_own.token}}))
+    with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
@@ -183,18 +196,25 @@ def _cli(command: str, checkout: Path, *args: str) -> subprocess.CompletedProces
 @pytest.mark.integration
 def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deployed_model(
         tmp_path, monkeypatch, airflow_db):
-    """The checkout's absolute path is at least 60 characters long (here over 100)."""
+    """The checkout's absolute path is at least 60 characters long (here over 100). The head starts as
+    `make run RAY_CPUS=3 RAY_GPUS=0` starts it (scripts/stack.py's size), and advertises that size."""
     from airflow_ray_ml_stages import wine
+    from tests.scripts.test_stack import stack
 
     checkout = tmp_path / ("a-directory-whose-name-makes-the-path-long-" + "x" * 40) / "airflow-ray-ml"
     assert len(str(checkout)) >= 100
     _copy_checkout(checkout)
     pid_file = checkout / ".run" / "ray.json"
     try:
-        started = _cli("start", checkout, "--token-file", str(checkout / ".run" / "ray_auth_token"),
-                       "--dashboard-port", str(localcluster.free_port()), "--num-cpus", "2", "--num-gpus", "0")
+        token_file = checkout / ".run" / "ray_auth_token"
+        started = _cli("start", checkout, "--token-file", str(token_file),
+                       "--dashboard-port", str(localcluster.free_port()), *stack.cluster_size("3", "0"))
         assert started.returncode == 0, started.stdout + started.stderr
         state = json.loads(pid_file.read_text())
+        nodes = requests.get(f"{state['dashboard_url']}/api/v0/nodes", params={"detail": "1"}, timeout=30,
+                             headers={"Authorization": f"Bearer {token_file.read_text().strip()}"})
+        (node,) = nodes.json()["data"]["result"]["result"]
+        assert node["resources_total"]["CPU"] == 3 and "GPU" not in node["resources_total"]  # not what Ray detects
         temp_dir = state["temp_dir"]
         assert temp_dir == default_temp_dir(str(pid_file)) and state["remove_temp_dir"] is True
         assert not temp_dir.startswith(str(checkout))
@@ -205,7 +225,7 @@ def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deplo
         monkeypatch.setenv("AIRFLOW_CONN_RAY_LONGPATH", json.dumps({
             "conn_type": "ray",
             "extra": {"dashboard_url": state["dashboard_url"],
-                      "auth_token": (checkout / ".run" / "ray_auth_token").read_text().strip(),
+                      "auth_token": token_file.read_text().strip(),
                       "artifact_root": str(checkout / "artifacts"),
                       "serve_url": f"http://127.0.0.1:{localcluster.free_port()}"},
         }))

@@ -11,9 +11,6 @@ from airflow_ray_ml.gpu_probe import GPUProbeOperator, branch_on_compute
 
 START = datetime(2026, 1, 1)
 
-with DAG(dag_id="probe_cpu", schedule=None, start_date=START, catchup=False):
-    GPUProbeOperator(task_id="probe")
-
 with DAG(dag_id="probe_cpu_wait", schedule=None, start_date=START, catchup=False):
     GPUProbeOperator(task_id="probe", wait_for_gpu_s=2)
 
@@ -24,6 +21,7 @@ with DAG(dag_id="probe_fake_gpu", schedule=None, start_date=START, catchup=False
 with DAG(dag_id="probe_fake_gpu_required", schedule=None, start_date=START, catchup=False):
     GPUProbeOperator(task_id="probe", ray_conn_id="ray_fake_gpu", require_gpu=True)
 
+# On the tests' CPU-only cluster: what the probe decides, and the branch it picks.
 with DAG(dag_id="probe_branch", schedule=None, start_date=START, catchup=False):
     probe = GPUProbeOperator(task_id="probe")
 

@@ -17,10 +17,8 @@ import pytest
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import ClusterError, SpecError, TrainingError
 from airflow_ray_ml_stages.model_card import ModelCard
-from airflow_ray_ml_stages.specs import TrainSpec
 from airflow_ray_ml_stages.train.failures import not_retryable
-from airflow_ray_ml_stages.train.stage import run_training
-from tests.conftest import ROOT, extra_cluster, load_dag
+from tests.conftest import ROOT, load_dag
 from tests.hidden_packages import hiding_env
 from tests.operators.test_ray_job import _jobs_of, _xcom
 from tests.train_data import write_preprocessed, write_splits
@@ -46,45 +44,67 @@ def _python(code: str, env: dict[str, str], *args: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+# One fresh process per package case does what each test below checks, in the order a job does it:
+# what it can import, which package import_lightning takes beside Ray's Lightning classes, and a
+# training run in the job's own process (Train's local mode without Ray, early stopping on). Each
+# such process spends seconds importing torch, Lightning and Ray; the tests share them.
+FRESH_PROCESS = """\
+import importlib, importlib.util, json, sys
+def imports(name):
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError:
+        return False
+    return True
+found = importlib.util.find_spec('lightning') is not None
+imported = [found, *(imports(name) for name in ('lightning', 'lightning.pytorch', 'pytorch_lightning', 'torch'))]
+from airflow_ray_ml_stages.models.lightning_package import import_lightning
+from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback
+pl = import_lightning()
+chosen = [pl.__name__, issubclass(RayDDPStrategy, pl.strategies.Strategy), issubclass(RayTrainReportCallback, pl.Callback),
+          issubclass(RayLightningEnvironment, pl.plugins.environments.ClusterEnvironment)]
+from airflow_ray_ml_stages.specs import TrainSpec
+from airflow_ray_ml_stages.train.stage import run_training
+result = run_training(TrainSpec.from_json(sys.argv[1]))
+print(json.dumps({"imported": imported, "chosen": chosen, "result": result.to_dict()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_process(tmp_path_factory):
+    """``fresh_process(hidden)``: what a fresh process with ``hidden`` packages hidden reports (above),
+    run once per case on first use, with the splits it trained on."""
+    reports: dict[tuple[str, ...], dict] = {}
+
+    def report(hidden: list[str]) -> dict:
+        key = tuple(hidden)
+        if key not in reports:
+            directory = tmp_path_factory.mktemp("fresh-process")
+            fields = write_splits(directory / "splits", rows=1200, seed=5)
+            spec = {**fields, "artifact_dir": str(directory / "train"),
+                    "config": {"family": "lightning", "max_epochs": 2, "patience": 2, "hidden_sizes": [8]}}
+            reports[key] = {**json.loads(_python(FRESH_PROCESS, _env(hidden, directory / "hide"), json.dumps(spec))),
+                            "splits": fields, "artifact_dir": spec["artifact_dir"]}
+        return reports[key]
+
+    return report
+
+
 @pytest.mark.parametrize("hidden, expected", PACKAGE_CASES)
-def test_import_lightning_takes_the_package_rays_lightning_classes_come_from(tmp_path, hidden, expected):
-    code = ("import json\n"
-            "from airflow_ray_ml_stages.models.lightning_package import import_lightning\n"
-            "from ray.train.lightning import RayDDPStrategy, RayLightningEnvironment, RayTrainReportCallback\n"
-            "pl = import_lightning()\n"
-            "print(json.dumps([pl.__name__, issubclass(RayDDPStrategy, pl.strategies.Strategy),\n"
-            "                  issubclass(RayTrainReportCallback, pl.Callback),\n"
-            "                  issubclass(RayLightningEnvironment, pl.plugins.environments.ClusterEnvironment)]))\n")
-    assert json.loads(_python(code, _env(hidden, tmp_path / "hide"))) == [expected, True, True, True]
+def test_import_lightning_takes_the_package_rays_lightning_classes_come_from(fresh_process, hidden, expected):
+    assert fresh_process(hidden)["chosen"] == [expected, True, True, True]
 
 
-def test_hidden_package_cannot_be_imported_while_the_others_can(tmp_path):
-    code = ("import importlib, importlib.util, json\n"
-            "def imports(name):\n"
-            "    try:\n"
-            "        importlib.import_module(name)\n"
-            "    except ModuleNotFoundError:\n"
-            "        return False\n"
-            "    return True\n"
-            "found = importlib.util.find_spec('lightning') is not None\n"
-            "names = ('lightning', 'lightning.pytorch', 'pytorch_lightning', 'torch')\n"
-            "print(json.dumps([found, *(imports(name) for name in names)]))\n")
-    assert json.loads(_python(code, _env(["lightning"], tmp_path / "hide"))) == [False, False, False, True, True]
+def test_hidden_package_cannot_be_imported_while_the_others_can(fresh_process):
+    # found by find_spec; imports lightning, lightning.pytorch, pytorch_lightning, torch
+    assert fresh_process(["lightning"])["imported"] == [False, False, False, True, True]
+    assert fresh_process([])["imported"] == [True, True, True, True, True]
 
 
 @pytest.mark.parametrize("hidden, expected", PACKAGE_CASES)
-def test_in_process_lightning_training_records_the_package_it_used(tmp_path, hidden, expected):
-    """The job's own process (Train's local mode without Ray, early stopping on): trains with either
-    package, and the model card says which one."""
-    fields = write_splits(tmp_path / "splits", rows=1200, seed=5)
-    spec = {**fields, "artifact_dir": str(tmp_path / "train"),
-            "config": {"family": "lightning", "max_epochs": 2, "patience": 2, "hidden_sizes": [8]}}
-    code = ("import json, sys\n"
-            "from airflow_ray_ml_stages.specs import TrainSpec\n"
-            "from airflow_ray_ml_stages.train.stage import run_training\n"
-            "result = run_training(TrainSpec.from_json(sys.argv[1]))\n"
-            "print(json.dumps(result.to_dict()))\n")
-    result = json.loads(_python(code, _env(hidden, tmp_path / "hide"), json.dumps(spec)))
+def test_in_process_lightning_training_records_the_package_it_used(fresh_process, hidden, expected):
+    """The job's own process: trains with either package, and the model card says which one."""
+    result = fresh_process(hidden)["result"]
     assert result["training"]["runner"] == "in_process" and result["training"]["epochs_run"] == 2
     versions = ModelCard.read(result["model_dir"]).framework_versions
     other = {"lightning.pytorch", "pytorch_lightning"} - {expected}
@@ -92,12 +112,9 @@ def test_in_process_lightning_training_records_the_package_it_used(tmp_path, hid
     assert "framework_versions" not in result["training"]  # said once, in the card
 
 
-def test_trained_lightning_model_loads_and_predicts_without_either_lightning_package(tmp_path):
+def test_trained_lightning_model_loads_and_predicts_without_either_lightning_package(fresh_process, tmp_path):
     """Loading and serving need torch only: the model directory holds a state_dict and its config."""
-    fields = write_splits(tmp_path / "splits", rows=600, seed=5)
-    spec = {**fields, "artifact_dir": str(tmp_path / "train"),
-            "config": {"family": "lightning", "max_epochs": 1, "patience": 0, "hidden_sizes": [8]}}
-    model_dir = run_training(TrainSpec.from_dict(spec)).model_dir
+    trained = fresh_process([])
     code = ("import json, sys\n"
             "import numpy as np, pandas as pd\n"
             "from airflow_ray_ml_stages.models import load_model\n"
@@ -105,8 +122,8 @@ def test_trained_lightning_model_loads_and_predicts_without_either_lightning_pac
             "test = pd.read_parquet(sys.argv[2])[model.card.feature_columns].to_numpy(np.float32)\n"
             "print(json.dumps([model.predict(test).tolist(), sorted(m for m in sys.modules if 'lightning' in m)]))\n")
     predicted, loaded = json.loads(_python(code, _env(["lightning", "pytorch_lightning"], tmp_path / "hide"),
-                                           model_dir, fields["test_uri"]))
-    with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
+                                           trained["result"]["model_dir"], trained["splits"]["test_uri"]))
+    with np.load(Path(trained["artifact_dir"]) / "evaluation" / "test.npz", allow_pickle=False) as saved:
         np.testing.assert_allclose(predicted, saved["y_pred"], rtol=1e-5, atol=1e-5)
     assert loaded == []
 
@@ -165,24 +182,21 @@ def preprocess(tmp_path_factory) -> dict:
     return write_preprocessed(tmp_path_factory.mktemp("lightning-data"), rows=2000, seed=13)
 
 
-@pytest.fixture(scope="module")
-def no_lightning_cluster(airflow_db, tmp_path_factory):
-    """A Ray head whose every process (raylet, jobs, Tune trials, Ray Train workers) cannot import `lightning`."""
-    env = hiding_env(["lightning"], tmp_path_factory.mktemp("hide-lightning"), env={})
-    with extra_cluster("ray_no_lightning", extra_env={"PYTHONPATH": env["PYTHONPATH"]}) as cluster:
-        yield cluster
-
-
 @pytest.mark.integration
-@pytest.mark.parametrize("dag_id, cluster, expected", [
-    pytest.param("lightning_both", "ray_conn", "lightning.pytorch", id="both_installed"),
-    pytest.param("lightning_hidden", "no_lightning_cluster", "pytorch_lightning", id="lightning_hidden"),
+@pytest.mark.parametrize("dag_id, hidden, expected", [
+    pytest.param("lightning_both", [], "lightning.pytorch", id="both_installed"),
+    pytest.param("lightning_hidden", ["lightning"], "pytorch_lightning", id="lightning_hidden"),
 ])
-def test_lightning_search_then_ray_train_pass_with_the_package_ray_chose(request, airflow_db, preprocess, dag_id,
-                                                                         cluster, expected):
-    request.getfixturevalue(cluster)
-    dag_run = load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE,
-                                    run_conf={"preprocess": preprocess})
+def test_lightning_search_then_ray_train_pass_with_the_package_ray_chose(airflow_db, ray_conn, preprocess, tmp_path,
+                                                                         dag_id, hidden, expected):
+    conf = {"preprocess": preprocess}
+    if hidden:
+        # Every process of the jobs (driver, Tune trials, Ray Train workers) starts with the hiding
+        # sitecustomize on its PYTHONPATH, which Ray puts in front of the node's own: on the session's
+        # cluster, as on a cluster whose image lacks the package.
+        directory = hiding_env(hidden, tmp_path / "hide", env={})["PYTHONPATH"]
+        conf["runtime_env"] = {"env_vars": {"PYTHONPATH": directory}}
+    dag_run = load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE, run_conf=conf)
     assert dag_run.state == "success", {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     tune = _xcom(dag_run, "tune")
     assert tune["trials"]["completed"] == 2 and tune["trials"]["failed"] == 0

@@ -40,11 +40,16 @@ def test_require_gpu_on_cpu_decision_fails_with_the_fix():
         operator._conclude(ComputeSpec.cpu("no GPU here"))
 
 
+@pytest.fixture(scope="module")
+def cpu_branch_run(airflow_db, ray_conn):
+    """One run of the branching DAG on the session's CPU-only cluster: its probe, then the branch."""
+    return _run("probe_branch")
+
+
 @pytest.mark.integration
-def test_probe_cpu_only_cluster_decides_cpu_fast_and_leaves_nothing(airflow_db, ray_conn):
-    dag_run = _run("probe_cpu")
-    assert dag_run.state == "success"
-    compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
+def test_probe_cpu_only_cluster_decides_cpu_fast_and_leaves_nothing(cpu_branch_run):
+    assert cpu_branch_run.state == "success"
+    compute = ComputeSpec.from_dict(_xcom(cpu_branch_run, "probe"))
     assert compute.use_gpu is False and compute.accelerator == "cpu" and compute.gpus_per_worker == 0
     assert "advertises no GPU" in compute.reason and "2 CPUs" in compute.reason
     assert compute.decided_in_s < 2.0
@@ -71,8 +76,8 @@ def test_probe_wait_for_gpu_withdraws_its_request(airflow_db, ray_conn):
 
 
 @pytest.mark.integration
-def test_probe_branch_dag_takes_the_cpu_branch(airflow_db, ray_conn):
-    states = _states(_run("probe_branch"))
+def test_probe_branch_dag_takes_the_cpu_branch(cpu_branch_run):
+    states = _states(cpu_branch_run)
     assert states["train_on_cpu"] == "success" and states["train_on_gpu"] == "skipped"
 
 

@@ -148,25 +148,7 @@ def test_cluster_size_refuses_a_size_that_is_not_a_count_naming_it(cpus, gpus, m
         stack.cluster_size(cpus, gpus)
 
 
-@pytest.mark.integration
-def test_make_run_ray_cpus_and_gpus_size_the_local_head(tmp_path):
-    import json
-
-    import requests
-
-    from scripts import localcluster
-
-    pid_file = str(tmp_path / "ray.json")
-    start = ["start", "--pid-file", pid_file, "--dashboard-port", str(localcluster.free_port()),
-             "--token-file", str(tmp_path / "token")]
-    assert stack.cluster_size("", "") == []
-    try:
-        assert localcluster.main([*start, *stack.cluster_size("3", "0")]) == 0
-        state = json.loads((tmp_path / "ray.json").read_text())
-        token = (tmp_path / "token").read_text().strip()
-        nodes = requests.get(f"{state['dashboard_url']}/api/v0/nodes", params={"detail": "1"}, timeout=30,
-                             headers={"Authorization": f"Bearer {token}"}).json()["data"]["result"]["result"]
-        (node,) = nodes
-        assert node["resources_total"]["CPU"] == 3 and "GPU" not in node["resources_total"]
-    finally:
-        localcluster.main(["stop", "--pid-file", pid_file])
+def test_cluster_size_left_empty_leaves_the_size_to_ray():
+    # A given size reaching the head: tests/test_localcluster.py starts its long-path stack with
+    # cluster_size("3", "0") and checks what the head advertises.
+    assert stack.cluster_size("", "") == [] and stack.cluster_size(" ", "") == []
