@@ -176,10 +176,37 @@ def _live(leader_pid: int) -> list[int]:
     return [pid for pid in session_pids(leader_pid) if not _is_zombie(pid)]
 
 
+def _awaiting_reap(leader_pid: int) -> list[int]:
+    """The session's zombies that a live parent other than init may still reap.
+
+    Zombies handed to PID 1 are left out: in a container whose PID 1 is not an init that reaps,
+    they stay until the container ends, and waiting for them only cost every stop 5 s.
+    """
+    pids = []
+    for pid in session_pids(leader_pid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" or fields[1] != "1":
+            pids.append(pid)
+    return pids
+
+
+def _reap_own_child(pid: int) -> None:
+    """Reap ``pid`` if it is this process's child (a leader started here), so it leaves no zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def _wait_gone(leader_pid: int, timeout_s: float, include_zombies: bool = False) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not (session_pids(leader_pid) if include_zombies else _live(leader_pid)):
+        if include_zombies:
+            _reap_own_child(leader_pid)
+        if not (_awaiting_reap(leader_pid) if include_zombies else _live(leader_pid)):
             return True
         time.sleep(0.2)
     return False
@@ -206,7 +233,7 @@ def stop_session(leader_pid: int, grace_s: float = 10.0, sig: int = signal.SIGTE
             except ProcessLookupError:
                 pass
         _wait_gone(leader_pid, 10)
-    _wait_gone(leader_pid, 5, include_zombies=True)  # let their parents (or init) reap them
+    _wait_gone(leader_pid, 5, include_zombies=True)  # let their live parents reap them
     return len(leftovers)
 
 
