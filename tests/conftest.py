@@ -179,7 +179,7 @@ def _delete_serve_applications(names: set[str], timeout_s: float = 120.0) -> Non
     if not names:
         return
     from airflow_ray_ml.hooks.ray import RayHook
-    from airflow_ray_ml.ray_serve import live_applications, live_instance_settings
+    from airflow_ray_ml.serve_config import live_applications, live_instance_settings
 
     hook = RayHook()
     state = hook.get_serve_applications()
