@@ -123,9 +123,9 @@ def main() -> int:
         # outside a DAG there is no DAG id to name the application after
         operator = RayServeDeployOperator(task_id="deploy", model=model, app_name="bench-serve",
                                           route_prefix="/bench-serve")
-        config = operator._with_app(operator._start_defaults(), [], operator._app_config(model, {}, "bench_serve"))
+        config = operator.with_app(operator.start_settings(), [], operator.app_config(model, {}, "bench_serve"))
         operator.hook.put_serve_applications(config)
-        operator._wait_for_version(model["model_version"], time.monotonic() + 180)
+        operator.wait_for_version(model["model_version"], time.monotonic() + 180)
 
         # Ray gives each replica OMP_NUM_THREADS=1 (a fraction of a CPU); the plain server gets the
         # same, or XGBoost's OpenMP threads spin against the request threads and it is unfairly slow.

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from airflow_ray_ml.ray_serve import APP_NAME
+from airflow_ray_ml.serve_apps import APP_NAME
 from airflow_ray_ml.ray_serve_rollback import VERSION, RayServeRollbackOperator
 
 with DAG(

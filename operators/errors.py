@@ -15,6 +15,15 @@ class RayClusterUnreachableError(RayOperatorError, ConnectionError):
     """The Ray dashboard (Jobs/Serve/State API) did not answer."""
 
 
+class ServeUnreachableError(RayClusterUnreachableError):
+    """A Serve application's endpoint (the connection's ``serve_url``) did not answer."""
+
+
+class RayTLSError(RayOperatorError, AirflowFailException):
+    """The server's TLS certificate failed verification: fail at once, another try meets the same
+    certificate; the message names the connection's ``verify_tls``."""
+
+
 class RayAuthError(RayOperatorError, PermissionError):
     """The Ray cluster rejected the request's auth token."""
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_ray_ml.contract import coerce_value
 from airflow_ray_ml.errors import InvalidSpecError, RayOperatorError
 from airflow_ray_ml.hooks.ray import RayHook
-from airflow_ray_ml.ray_serve import DEPLOYMENT_NAME
+from airflow_ray_ml.serve_apps import DEPLOYMENT_NAME
 from airflow_ray_ml.stage import StageOperator
 from airflow_ray_ml_stages.specs import ScoreSpec
 

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow_ray_ml.contract import coerce_value
 from airflow_ray_ml.errors import InvalidSpecError, ServeDeployError, ServeModelRejectedError
-from airflow_ray_ml.ray_serve import (
-    ServeApplicationOperator, app_model_version, config_uri, live_applications, live_instance_settings, read_history,
-)
+from airflow_ray_ml.serve_application import ServeApplicationOperator
+from airflow_ray_ml.serve_apps import app_model_version
+from airflow_ray_ml.serve_config import live_applications, live_instance_settings
+from airflow_ray_ml.serve_history import config_uri, read_history
 from airflow_ray_ml_stages import artifacts
 
 if TYPE_CHECKING:
@@ -114,8 +115,8 @@ class RayServeRollbackOperator(ServeApplicationOperator):
         self.check_app_name()
         version = check_version(coerce_value(self.version, str | None, f"{self.task_id}.version"))
         self.hook.check_access()
-        state = self._serve_state()
-        live_app = self._live_app(state)
+        state = self.serve_state()
+        live_app = self.live_app(state)
         live_config = (live_app or {}).get("deployed_app_config")
         live_version = app_model_version(live_config)
         action = "pinned" if version else "rollback"
@@ -126,27 +127,27 @@ class RayServeRollbackOperator(ServeApplicationOperator):
         entry = {"action": action, "version": target, "from_version": live_version, "reason": why}
         if target == live_version:
             self.log.info("%s already serves %s; nothing to change", self.app_name, target)
-            self._record(context, {**entry, "action": "unchanged", "reason": f"{target} was already served"})
+            self.record(context, {**entry, "action": "unchanged", "reason": f"{target} was already served"})
             return {**entry, "action": "unchanged", "endpoint": self.endpoint}
 
         instance = live_instance_settings(state)
         applications = live_applications(state)
         self.log.info("Serving %s again on %s (%s)", target, self.app_name, why)
-        self.hook.put_serve_applications(self._with_app(instance or self._start_defaults(), applications, stored))
+        self.hook.put_serve_applications(self.with_app(instance or self.start_settings(), applications, stored))
         try:
-            self._wait_for_version(target, time.monotonic() + self.ready_timeout_s)
+            self.wait_for_version(target, time.monotonic() + self.ready_timeout_s)
         except Exception as err:
             self.log.error("%s did not come up (%s); restoring %s", target, err, live_version or "the previous state")
-            now = self._serve_state()
-            self.hook.put_serve_applications(self._with_app(
+            now = self.serve_state()
+            self.hook.put_serve_applications(self.with_app(
                 instance if instance is not None else live_instance_settings(now) or {},
                 live_applications(now), live_config))
             if live_version:
-                self._wait_for_version(live_version, time.monotonic() + self.ready_timeout_s)
-            self._record(context, {**entry, "action": "rollback_failed", "error": str(err)})
+                self.wait_for_version(live_version, time.monotonic() + self.ready_timeout_s)
+            self.record(context, {**entry, "action": "rollback_failed", "error": str(err)})
             error = ServeModelRejectedError if isinstance(err, ServeModelRejectedError) else ServeDeployError
             raise error(f"serving {target} again failed and {live_version or 'the previous state'} was restored: "
                         f"{err}") from None
-        self._record(context, entry)
+        self.record(context, entry)
         self.log.info("Serving %s at %s", target, self.endpoint)
         return {**entry, "endpoint": self.endpoint, "model_version": target}

@@ -200,7 +200,7 @@ def _delete_serve_applications(names: set[str], timeout_s: float = 120.0) -> Non
     """Delete those of ``names`` that are live on the session cluster's Serve, keeping its other
     applications and its instance settings, and wait until their replicas are gone."""
     from airflow_ray_ml.hooks.ray import RayHook
-    from airflow_ray_ml.ray_serve import live_applications, live_instance_settings
+    from airflow_ray_ml.serve_config import live_applications, live_instance_settings
 
     hook = RayHook()
     state = hook.get_serve_applications()

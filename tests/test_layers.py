@@ -78,11 +78,12 @@ def test_lightning_is_imported_only_through_the_lightning_package_module():
 
 # -- the package's own layers --------------------------------------------------------------------
 
-def _modules(package_dir: Path) -> dict[str, Path]:
-    """Every module of a package (subpackages included) by dotted name, from its files."""
+def _modules(package_dir: Path, name: str | None = None) -> dict[str, Path]:
+    """Every module of a package (subpackages included) by dotted name, from its files; ``name``: the
+    package's import name where its folder is named otherwise (operators/ installs as airflow_ray_ml)."""
     modules = {}
     for path in sorted(package_dir.rglob("*.py")):
-        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        parts = [name or package_dir.name, *path.relative_to(package_dir).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path
@@ -157,8 +158,8 @@ def _uses(path: Path, module: str | None, modules: dict[str, Path]) -> tuple[set
     return imported, private
 
 
-def _import_graph(package_dir: Path) -> dict[str, set[str]]:
-    modules = _modules(package_dir)
+def _import_graph(package_dir: Path, name: str | None = None) -> dict[str, set[str]]:
+    modules = _modules(package_dir, name)
     return {name: _uses(path, name, modules)[0] & set(modules) for name, path in modules.items()}
 
 
@@ -199,6 +200,17 @@ def test_rayml_modules_import_each_other_without_cycles():
     assert {"airflow_ray_ml_stages.data.stage", "airflow_ray_ml_stages.train.stage", "airflow_ray_ml_stages.specs"} <= set(graph)
     assert "airflow_ray_ml_stages.data.engines" in graph["airflow_ray_ml_stages.data.stage"]  # the graph sees the package's imports
     assert _cycle(graph) == [], " -> ".join(_cycle(graph))
+
+
+def test_provider_modules_import_each_other_without_cycles():
+    """The Airflow side's operators, hooks, triggers and links (the UI plugins aside) form layers too:
+    the Serve operators' modules (serve_apps, serve_config, serve_history, serve_gate,
+    serve_application) import downwards only."""
+    graph = _import_graph(ROOT / "operators", "airflow_ray_ml")
+    plugins = {name for name in graph if name.startswith("airflow_ray_ml.plugins")}
+    provider = {name: targets - plugins for name, targets in graph.items() if name not in plugins}
+    assert {"airflow_ray_ml.serve_gate", "airflow_ray_ml.hooks.ray"} <= graph["airflow_ray_ml.ray_serve"]
+    assert _cycle(provider) == [], " -> ".join(_cycle(provider))
 
 
 def test_no_rayml_module_uses_another_modules_private_names():

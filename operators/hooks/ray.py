@@ -1,7 +1,10 @@
-"""RayHook: an Airflow connection to a Ray cluster's dashboard (Jobs, Serve and State REST APIs).
+"""RayHook: an Airflow connection to a Ray cluster's dashboard (Jobs, Serve and State REST APIs)
+and to the Serve endpoints of the applications this project deploys.
 
-The hook is the only place that knows the dashboard's routes: each endpoint is one constant below
-and each call one method; the calls a trigger makes have ``a_``-prefixed async twins.
+The hook is the only place that knows the dashboard's and the endpoints' routes: each endpoint is
+one constant below and each call one method; the calls a trigger makes have ``a_``-prefixed async
+twins. Every synchronous request goes out through :meth:`RayHook.send`, with the connection's TLS
+verification and the hook's timeout.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,9 @@ from urllib.parse import quote, urlsplit
 import httpx
 import requests
 
-from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
+from airflow_ray_ml.errors import (
+    RayAuthError, RayClusterUnreachableError, RayOperatorError, RayTLSError, ServeUnreachableError,
+)
 from airflow_ray_ml.job_status import RayJobStatus
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.capacity import Capacity
@@ -47,6 +53,11 @@ NODES_ENDPOINT = "/api/v0/nodes"
 NODES_PARAMS = {"detail": "1", "limit": "1000"}
 # The autoscaler's last report (what `ray status` prints), as the monitor on the head writes it.
 CLUSTER_STATUS_ENDPOINT = "/api/cluster_status"
+# A Serve application's routes (airflow_ray_ml_stages.serve), under its route prefix at the
+# connection's serve_url. They take the application's API key, never the cluster's token.
+SERVE_HEALTH_ENDPOINT = "{route_prefix}/health"
+SERVE_METADATA_ENDPOINT = "{route_prefix}/metadata"
+SERVE_PREDICT_ENDPOINT = "{route_prefix}/predict"
 # Pings on the log websocket: a connection that died without closing (a dropped NAT or proxy
 # entry) fails within two of these instead of leaving the follower waiting for lines forever.
 LOG_STREAM_HEARTBEAT_S = 30.0
@@ -114,6 +125,23 @@ def _ray_logs_to_task_log() -> None:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
             ray_logger.removeHandler(handler)
     ray_logger.propagate = True
+
+
+def _tls_reason(err: BaseException) -> str:
+    """What the TLS layer said, found among the exceptions ``err`` wraps (requests nests urllib3's, which nests ssl's)."""
+    todo, seen = [err], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLError):
+            detail = getattr(current, "verify_message", None)
+            return f"certificate verify failed: {detail}" if detail else str(current.reason or current)[:200]
+        todo += [arg for arg in current.args if isinstance(arg, BaseException)]
+        todo += [link for link in (getattr(current, "reason", None), current.__cause__, current.__context__)
+                 if isinstance(link, BaseException)]
+    return type(err).__name__
 
 
 def _as_bool(value: Any, default: bool) -> bool:
@@ -309,16 +337,33 @@ class RayHook(BaseHook):
             )
         return response.json()
 
+    def tls_message(self, url: str, err: Exception) -> str:
+        return (
+            f"TLS verification of {url} failed ({_tls_reason(err)}): give the server a certificate your CA "
+            f"bundle trusts (REQUESTS_CA_BUNDLE), or set verify_tls to false in the connection "
+            f"{self.ray_conn_id!r} to accept an unverified one."
+        )
+
+    def send(self, method: str, url: str, *, unreachable: Callable[[str], Exception], **kwargs: Any) -> requests.Response:
+        """Send one request with the connection's TLS verification and the hook's timeout.
+
+        The one synchronous way out of the hook: the dashboard's calls and the endpoints' both come
+        through here. A certificate that fails verification raises :class:`RayTLSError`; no answer
+        at all raises ``unreachable(<the reason>)``.
+        """
+        kwargs.setdefault("timeout", self.timeout_s)
+        try:
+            return requests.request(method, url, verify=self.verify_tls, **kwargs)
+        except requests.exceptions.SSLError as err:
+            raise RayTLSError(self.tls_message(url, err)) from None
+        except requests.exceptions.RequestException as err:
+            raise unreachable(type(err).__name__) from None
+
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         """Send an authenticated request to the dashboard; unreachable clusters raise one clear error."""
-        kwargs.setdefault("timeout", self.timeout_s)
         headers = {**self.auth_headers(), **kwargs.pop("headers", {})}
-        try:
-            response = requests.request(
-                method, f"{self.dashboard_url}{path}", headers=headers, verify=self.verify_tls, **kwargs
-            )
-        except requests.exceptions.RequestException as err:
-            raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
+        response = self.send(method, f"{self.dashboard_url}{path}", headers=headers, **kwargs,
+                             unreachable=lambda detail: RayClusterUnreachableError(self.unreachable_message(detail)))
         return self.check_response(response)
 
     async def a_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -590,6 +635,49 @@ class RayHook(BaseHook):
 
     async def a_put_serve_applications(self, config: dict[str, Any]) -> None:
         self._check_serve_put(await self.a_request("PUT", SERVE_APPLICATIONS_ENDPOINT, json=config))
+
+    # -- a Serve application's endpoint -------------------------------------------------------
+
+    def endpoint_url(self, route_prefix: str) -> str:
+        """Where the application at ``route_prefix`` answers: the connection's ``serve_url`` and the prefix."""
+        return f"{self.serve_url}{route_prefix}"
+
+    def endpoint_request(self, method: str, path: str, *, api_key: str | None = None, **kwargs: Any) -> requests.Response:
+        """Send a request to a Serve endpoint (``path`` under ``serve_url``), with the application's
+        API key when it has one; every answer is the caller's to read.
+
+        No answer raises :class:`ServeUnreachableError`; an endpoint whose HTTP proxy is still
+        starting gives that too.
+        """
+        url = f"{self.serve_url}{path}"
+        headers = {**({"X-API-Key": api_key} if api_key else {}), **kwargs.pop("headers", {})}
+
+        def unreachable(detail: str) -> ServeUnreachableError:
+            return ServeUnreachableError(
+                f"Cannot reach the Serve endpoint {url} ({detail}): is Ray Serve running, and is its HTTP address "
+                f"the serve_url of the connection {self.ray_conn_id!r} (now {self.serve_url})?")
+
+        return self.send(method, url, headers=headers, unreachable=unreachable, **kwargs)
+
+    def get_endpoint_health(self, route_prefix: str, *, api_key: str | None = None) -> requests.Response:
+        """The application's ``/health`` answer: 200 with ``model_version`` once a model is loaded."""
+        return self.endpoint_request("GET", SERVE_HEALTH_ENDPOINT.format(route_prefix=route_prefix), api_key=api_key)
+
+    def get_endpoint_metadata(self, route_prefix: str, *, api_key: str | None = None) -> dict[str, Any]:
+        """The served model's card and input schema (``/metadata``); an answer other than 200 raises."""
+        path = SERVE_METADATA_ENDPOINT.format(route_prefix=route_prefix)
+        response = self.endpoint_request("GET", path, api_key=api_key)
+        if response.status_code != 200:
+            raise RayOperatorError(f"GET {self.serve_url}{path} answered HTTP {response.status_code}: "
+                                   f"{response.text[:300]}")
+        return response.json()
+
+    def post_endpoint_predict(self, route_prefix: str, instances: list[dict[str, Any]], *,
+                              api_key: str | None = None) -> requests.Response:
+        """The application's answer to ``{"instances": instances}`` on ``/predict``: 200 with the
+        predictions, 422 naming the fields a row breaks, 503 while no model is loaded."""
+        return self.endpoint_request("POST", SERVE_PREDICT_ENDPOINT.format(route_prefix=route_prefix),
+                                     api_key=api_key, json={"instances": instances})
 
 
 def cluster_autoscales(status: dict[str, Any]) -> bool:

@@ -171,7 +171,7 @@ def _xcoms(session: Any, dag_run: Any, key: str) -> list[tuple[str, int, Any]]:
 
 def note_decisions(dag_run: Any, session: Any) -> list[str]:
     """Write each decision of the run as its task's note (in ``session``); return the texts."""
-    from airflow_ray_ml.ray_serve import DECISION_XCOM_KEY
+    from airflow_ray_ml.serve_history import DECISION_XCOM_KEY
 
     texts = []
     for task_id, map_index, decision in _xcoms(session, dag_run, DECISION_XCOM_KEY):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_ray_ml.ray_serve import history_uri, serving_dir
+from airflow_ray_ml.serve_history import history_uri, serving_dir
 from airflow_ray_ml_stages import artifacts
 
 # Entries shown per application: the newest ones; the file itself keeps them all.

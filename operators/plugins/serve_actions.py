@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_ray_ml.ray_serve import APP_NAME, app_model_version, app_owner, config_uri, read_history, serving_dir
+from airflow_ray_ml.serve_apps import APP_NAME, app_model_version, app_owner
+from airflow_ray_ml.serve_history import config_uri, read_history, serving_dir
 from airflow_ray_ml.ray_serve_rollback import RollbackError, check_version, previous_version, promoted_versions
 from airflow_ray_ml_stages import artifacts
 

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from airflow_ray_ml.hooks.ray import RayHook
-from airflow_ray_ml.ray_serve import app_model_version
+from airflow_ray_ml.serve_apps import app_model_version
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import ROOT, allow_sources, extra_cluster, load_dag, serve_apps_deleted_after_module

@@ -324,7 +324,7 @@ def served(ray_conn, model_dirs) -> dict[str, tuple[str, dict[str, str]]]:
     from urllib.parse import urlsplit
 
     from airflow_ray_ml.hooks.ray import RayHook
-    from airflow_ray_ml.ray_serve import SERVE_START_DEFAULTS, live_applications, live_instance_settings
+    from airflow_ray_ml.serve_config import SERVE_START_DEFAULTS, live_applications, live_instance_settings
 
     hook = RayHook()
     state = hook.get_serve_applications()

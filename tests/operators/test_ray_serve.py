@@ -21,10 +21,10 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_ray_ml.errors import InvalidSpecError, ServeAppOwnershipError
 from airflow_ray_ml.hooks.ray import RayHook
-from airflow_ray_ml.ray_serve import (
-    APP_IMPORT_PATH, OWNER_KEY, SERVE_START_DEFAULTS, RayServeDeployOperator, app_owner, check_ownership, gate,
-    instance_settings,
-)
+from airflow_ray_ml.ray_serve import RayServeDeployOperator
+from airflow_ray_ml.serve_apps import APP_IMPORT_PATH, OWNER_KEY, app_owner, check_ownership
+from airflow_ray_ml.serve_config import SERVE_START_DEFAULTS, instance_settings
+from airflow_ray_ml.serve_gate import gate
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import load_dag, serve_apps_deleted_after_module
 from tests.operators.test_ray_job import _xcom

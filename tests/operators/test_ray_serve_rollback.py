@@ -24,7 +24,7 @@ from airflow.sdk import DAG
 from airflow_ray_ml.errors import InvalidSpecError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.plugins.decision_notes import decision_text
-from airflow_ray_ml.ray_serve import history_uri, serving_dir
+from airflow_ray_ml.serve_history import history_uri, serving_dir
 from airflow_ray_ml.ray_serve_rollback import RayServeRollbackOperator, RollbackError, check_version, previous_version
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import ROOT, load_dag, serialize_project_dags, serve_apps_deleted_after_module

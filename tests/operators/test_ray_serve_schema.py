@@ -15,7 +15,7 @@ import requests
 
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.plugins.decision_notes import decision_text
-from airflow_ray_ml.ray_serve import read_history, serving_dir
+from airflow_ray_ml.serve_history import read_history, serving_dir
 from tests.conftest import load_dag, serve_apps_deleted_after_module
 from tests.operators.test_ray_job import _xcom
 from tests.operators.test_ray_serve import _deploy, _row

@@ -26,7 +26,7 @@ from markupsafe import escape
 from airflow_ray_ml.plugins import ray_ml
 from airflow_ray_ml.plugins.ray_ml_runs import SelectorError, StageJob, TuneRunRef, parse_selector
 from airflow_ray_ml.plugins.ray_ml_serving import HistoryEntry, ServingHistory, read_history
-from airflow_ray_ml.ray_serve import history_uri, serving_dir
+from airflow_ray_ml.serve_history import history_uri, serving_dir
 from tests.conftest import load_dag, serialize_project_dags, serve_apps_deleted_after_module
 from tests.dag_fixtures.ui_dags import UI_APP
 from tests.plugins.api_server import running_api_server
