@@ -53,7 +53,7 @@ def get_provider_info() -> dict:
                     },
                     "serve_action_dag_id": {
                         "description": "The DAG that the page's Roll back and Pin buttons trigger "
-                        "(dags/ray_serve_rollback.py); empty: ray_serve_rollback.",
+                        "(airflow_ray_ml.serve_rollback_dag defines it); empty: ray_serve_rollback.",
                         "version_added": None, "type": "string", "example": "ray_serve_rollback",
                         "default": None,
                     },
