@@ -1,13 +1,16 @@
 """Airflow side of airflow-ray-ml: a provider-style package of hooks, triggers, links and operators.
 
 ``get_provider_info`` is what Airflow's ``apache_airflow_provider`` entry point reads: it declares
-the ``ray`` connection type (with its connection-form fields), the extra links and the "Ray ML" page's
+the ``ray_ml`` connection type (with its connection-form fields), the extra links and the "Ray ML" page's
 config section (the page's plugin is registered by the ``airflow.plugins`` entry point alone).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+# Not "ray": the deprecated astronomer Ray provider registers that type, and Airflow keeps one hook
+# per type (docs/deployment.md#the-connection-type-ray_ml).
+CONN_TYPE = "ray_ml"
 
 
 def get_provider_info() -> dict:
@@ -63,8 +66,8 @@ def get_provider_info() -> dict:
         "connection-types": [
             {
                 "hook-class-name": "airflow_ray_ml.hooks.ray.RayHook",
-                "hook-name": "Ray",
-                "connection-type": "ray",
+                "hook-name": "Ray ML",
+                "connection-type": CONN_TYPE,
                 "conn-fields": {
                     "dashboard_url": {
                         "label": "Dashboard URL",

@@ -203,7 +203,7 @@ def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deplo
         assert stat.S_IMODE(os.stat(temp_dir).st_mode) == 0o700
 
         monkeypatch.setenv("AIRFLOW_CONN_RAY_LONGPATH", json.dumps({
-            "conn_type": "ray",
+            "conn_type": "ray_ml",
             "extra": {"dashboard_url": state["dashboard_url"],
                       "auth_token": (checkout / ".run" / "ray_auth_token").read_text().strip(),
                       "artifact_root": str(checkout / "artifacts"),

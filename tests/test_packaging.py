@@ -3,8 +3,9 @@
 The sdist and the wheel are built from this checkout with ``python -m build`` (the wheel from the
 sdist, so a file the sdist lacks is missing from the wheel too). The wheel is installed with Airflow,
 at the versions in constraints.txt and without the ``ml`` extra, into a fresh virtual environment,
-and that environment's own ``airflow`` must then see the provider, the ``ray`` connection type with
-its fields, and the "Ray ML" page's plugin, with an empty plugins folder.
+and that environment's own ``airflow`` must then see the provider, the ``ray_ml`` connection type with
+its fields, and the "Ray ML" page's plugin, with an empty plugins folder, and the rollback DAG that the
+page's buttons run, from a DAGs folder holding only this project's one-call ``dags/ray_serve_rollback.py``.
 
 The build and the install need the package registry or pip's cache; the module skips only when the
 registry is unreachable and the install cannot be satisfied without it.
@@ -37,6 +38,7 @@ SHIPPED_TOP_LEVEL = {"airflow_ray_ml", "airflow_ray_ml_stages"}
 AIRFLOW_PACKAGE = "airflow_ray_ml"
 AIRFLOW_FOLDER = "operators"  # the Astro-style project's folder that AIRFLOW_PACKAGE installs from
 PLUGIN_NAME = "ray_ml"
+CONN_TYPE = "ray_ml"  # not "ray": the deprecated Ray provider's type
 PLUGIN_CLASS = f"{AIRFLOW_PACKAGE}.plugins.ray_ml.RayMLPlugin"
 CONN_FIELDS = {"dashboard_url", "auth_token", "verify_tls", "serve_url", "artifact_root", "storage_conn_id",
                "allowed_sources"}
@@ -231,21 +233,23 @@ def test_airflow_lists_the_provider(installed):
     assert providers[DIST_NAME]["version"] == VERSION
 
 
-def test_the_ray_connection_type_and_its_fields_are_in_the_hook_metadata(installed):
-    found = _python(installed, """
+def test_the_ray_ml_connection_type_and_its_fields_are_in_the_hook_metadata(installed):
+    found = _python(installed, f"""
 import json
 from airflow.providers_manager import ProvidersManager
 pm = ProvidersManager()
-hook = pm.hooks["ray"]
-widgets = {name: {"field": w.field_name, "package": w.package_name, "sensitive": w.is_sensitive,
-                  "title": w.field["schema"].get("title")}
-           for name, w in pm.connection_form_widgets.items() if name.startswith("extra__ray__")}
-print(json.dumps({"hook": None if hook is None else {"class": hook.hook_class_name, "package": hook.package_name,
-                  "name": hook.hook_name, "type": hook.connection_type},
-                  "widgets": widgets, "behaviour": pm.field_behaviours.get("ray")}))
+hook = pm.hooks.get("{CONN_TYPE}")
+widgets = {{name: {{"field": w.field_name, "package": w.package_name, "sensitive": w.is_sensitive,
+                    "title": w.field["schema"].get("title")}}
+           for name, w in pm.connection_form_widgets.items() if name.startswith("extra__{CONN_TYPE}__")}}
+print(json.dumps({{"hook": None if hook is None else {{"class": hook.hook_class_name, "package": hook.package_name,
+                   "name": hook.hook_name, "type": hook.connection_type}},
+                  "widgets": widgets, "behaviour": pm.field_behaviours.get("{CONN_TYPE}"),
+                  "ray_type": "ray" in pm.hooks}}))
 """)
     assert found["hook"] == {"class": f"{AIRFLOW_PACKAGE}.hooks.ray.RayHook", "package": DIST_NAME,
-                             "name": "Ray", "type": "ray"}
+                             "name": "Ray ML", "type": CONN_TYPE}
+    assert not found["ray_type"]  # the deprecated provider's type is left to it
     widgets = found["widgets"]
     assert {w["field"] for w in widgets.values()} == CONN_FIELDS
     assert all(w["package"] == DIST_NAME and w["title"] for w in widgets.values())

@@ -73,7 +73,7 @@ def check_servable(hook: Any, app_name: str, version: str | None) -> tuple[str, 
 def request_serve_action(user: Any, app_name: str, version: str | None, conn_id: str | None = None) -> dict[str, Any]:
     """Trigger the rollback DAG for ``app_name``: back to the previous model (``version=None``) or ``version``.
 
-    :param conn_id: the ``ray`` connection; None: the page's (``[ray_ml] ray_conn_id``).
+    :param conn_id: the ``ray_ml`` connection; None: the page's (``[ray_ml] ray_conn_id``).
     :return: ``{"dag_id", "run_id", "version", "from_version"}`` of the triggered run.
     :raises ServeActionError: 400 bad input, 403 not allowed, 404 unknown DAG or version, 409 nothing to roll back to.
     """
