@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 # Not "ray": the deprecated astronomer Ray provider registers that type, and Airflow keeps one hook
 # per type (docs/deployment.md#the-connection-type-ray_ml).
 CONN_TYPE = "ray_ml"
+CONN_TYPE_NAME = "Ray ML"  # what the connection form's type list shows
 
 
 def get_provider_info() -> dict:
@@ -66,7 +67,7 @@ def get_provider_info() -> dict:
         "connection-types": [
             {
                 "hook-class-name": "airflow_ray_ml.hooks.ray.RayHook",
-                "hook-name": "Ray ML",
+                "hook-name": CONN_TYPE_NAME,
                 "connection-type": CONN_TYPE,
                 "conn-fields": {
                     "dashboard_url": {

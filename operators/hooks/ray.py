@@ -20,7 +20,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 import requests
 
-from airflow_ray_ml import CONN_TYPE
+from airflow_ray_ml import CONN_TYPE, CONN_TYPE_NAME
 from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
 from airflow_ray_ml.job_status import RayJobStatus
 from airflow_ray_ml_stages import artifacts
@@ -148,7 +148,7 @@ class RayHook(BaseHook):
     conn_name_attr = "ray_conn_id"
     default_conn_name = "ray_default"
     conn_type = CONN_TYPE
-    hook_name = "Ray ML"
+    hook_name = CONN_TYPE_NAME
 
     def __init__(self, ray_conn_id: str = default_conn_name, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  **kwargs: Any) -> None:
