@@ -55,6 +55,6 @@ COPY --chown=airflow:root dags /opt/airflow/dags
 COPY --chown=airflow:root plugins /opt/airflow/plugins
 
 # The Ray cluster is reached through the `ray_default` connection, for example:
-#   AIRFLOW_CONN_RAY_DEFAULT='{"conn_type": "ray", "extra": {"dashboard_url": "http://ray-head:8265",
+#   AIRFLOW_CONN_RAY_DEFAULT='{"conn_type": "ray_ml", "extra": {"dashboard_url": "http://ray-head:8265",
 #                             "auth_token": "...", "artifact_root": "s3://bucket/airflow-ray-ml"}}'
 # docker-compose.yaml runs this image as api-server, scheduler, dag-processor and triggerer.

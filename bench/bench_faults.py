@@ -194,7 +194,7 @@ class Stack:
                                   dashboard_port=dashboard_port, gcs_port=gcs_port)
         self.clusters.append(cluster)
         cluster.start()
-        os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({"conn_type": "ray", "extra": {
+        os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({"conn_type": "ray_ml", "extra": {
             "dashboard_url": cluster.dashboard_url, "auth_token": self.token, "artifact_root": self.artifact_root,
             "serve_url": f"http://127.0.0.1:{self.serve_port}"}})
         return cluster

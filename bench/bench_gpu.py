@@ -126,7 +126,7 @@ def _context(task_id: str) -> dict:
 
 def _connect(conn_id: str, cluster: LocalRayCluster, artifact_root: Path) -> str:
     os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({
-        "conn_type": "ray",
+        "conn_type": "ray_ml",
         "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
                   "artifact_root": str(artifact_root)},
     })

@@ -65,7 +65,7 @@ def time_naive(cluster: LocalRayCluster, timeout_s: float) -> float:
 
 def _connect(conn_id: str, cluster: LocalRayCluster) -> None:
     os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({
-        "conn_type": "ray",
+        "conn_type": "ray_ml",
         "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
                   "artifact_root": tempfile.mkdtemp(prefix="bench-probe-")},
     })

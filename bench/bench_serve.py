@@ -107,7 +107,7 @@ def main() -> int:
     plain = None
     try:
         cluster.start()
-        os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({"conn_type": "ray", "extra": {
+        os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({"conn_type": "ray_ml", "extra": {
             "dashboard_url": cluster.dashboard_url, "auth_token": cluster.token, "artifact_root": work,
             "serve_url": f"http://127.0.0.1:{serve_port}"}})
         client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})

@@ -1,7 +1,7 @@
 """Airflow side of airflow-ray-ml: a provider-style package of hooks, triggers, links and operators.
 
 ``get_provider_info`` is what Airflow's ``apache_airflow_provider`` entry point reads: it declares
-the ``ray`` connection type (with its connection-form fields), the ``@task.ray`` decorator, the extra
+the ``ray_ml`` connection type (with its connection-form fields), the ``@task.ray`` decorator, the extra
 links and the "Ray ML" page's config section (the page's plugin is registered by the
 ``airflow.plugins`` entry point alone).
 """
@@ -9,6 +9,10 @@ links and the "Ray ML" page's config section (the page's plugin is registered by
 from __future__ import annotations
 
 __version__ = "0.1.0"
+# Not "ray": the deprecated astronomer Ray provider registers that type, and Airflow keeps one hook
+# per type (docs/deployment.md#the-connection-type-ray_ml).
+CONN_TYPE = "ray_ml"
+CONN_TYPE_NAME = "Ray ML"  # what the connection form's type list shows
 
 
 def get_provider_info() -> dict:
@@ -56,7 +60,7 @@ def get_provider_info() -> dict:
                     },
                     "serve_action_dag_id": {
                         "description": "The DAG that the page's Roll back and Pin buttons trigger "
-                        "(dags/ray_serve_rollback.py); empty: ray_serve_rollback.",
+                        "(airflow_ray_ml.serve_rollback_dag defines it); empty: ray_serve_rollback.",
                         "version_added": None, "type": "string", "example": "ray_serve_rollback",
                         "default": None,
                     },
@@ -66,8 +70,8 @@ def get_provider_info() -> dict:
         "connection-types": [
             {
                 "hook-class-name": "airflow_ray_ml.hooks.ray.RayHook",
-                "hook-name": "Ray",
-                "connection-type": "ray",
+                "hook-name": CONN_TYPE_NAME,
+                "connection-type": CONN_TYPE,
                 "conn-fields": {
                     "dashboard_url": {
                         "label": "Dashboard URL",

@@ -11,7 +11,7 @@ sample rows of it in the task log. So such a source must lie under an allowed ro
   same host (and port), and a path under the prefix's path, ``..`` and percent-escapes resolved.
 
 The roots are the artifact root's ``data`` folder plus the ``allowed_sources`` field of the
-``ray`` connection (a list of path or URL prefixes). Nothing is read to decide, so a refused
+``ray_ml`` connection (a list of path or URL prefixes). Nothing is read to decide, so a refused
 source never reaches a log but by its name. Sources written into a DAG file by its author need no
 check; :func:`confine_sources` is for the ones that come from Params.
 """
@@ -194,7 +194,7 @@ def default_root(artifact_root: str) -> str:
 def allowed_sources(ray_conn_id: str | None = None, artifact_root: str | None = None) -> AllowedSources:
     """The roots of connection ``ray_conn_id``: its artifact root's ``data`` folder and its ``allowed_sources``.
 
-    :param ray_conn_id: the ``ray`` connection; default ``ray_default``.
+    :param ray_conn_id: the ``ray_ml`` connection; default ``ray_default``.
     :param artifact_root: the artifact root whose ``data`` folder is allowed; default: the connection's
         (as the operators choose it).
     """
@@ -222,7 +222,7 @@ def confine_sources(sources: str | Iterable[str], *, ray_conn_id: str | None = N
     change; nothing is read to decide.
 
     :param sources: a path or URL, or a list of them.
-    :param ray_conn_id: the ``ray`` connection whose ``allowed_sources`` widen the roots; default ``ray_default``.
+    :param ray_conn_id: the ``ray_ml`` connection whose ``allowed_sources`` widen the roots; default ``ray_default``.
     :param artifact_root: the artifact root whose ``data`` folder is allowed; default: the connection's.
     """
     items = [sources] if isinstance(sources, str) else list(sources)

@@ -94,7 +94,7 @@ class RayJobOperator(BaseOperator):
     :param entrypoint_resources: custom resources reserved for the entrypoint's process.
     :param metadata: more job metadata for the Ray dashboard (text values); the operator's own
         ``airflow_*`` keys (DAG, run, task, map index) are always set. (templated)
-    :param ray_conn_id: the Airflow connection to the Ray cluster (type ``ray``).
+    :param ray_conn_id: the Airflow connection to the Ray cluster (type ``ray_ml``).
     :param artifact_root: where stages write outputs; default: the connection's artifact root, else
         ``RAYML_ARTIFACT_ROOT``, else ``~/airflow-ray-ml/artifacts``. (templated)
     :param runtime_env: extra Ray ``runtime_env`` entries merged into the job's (templated).

@@ -38,7 +38,7 @@ class ServeApplicationOperator(BaseOperator):
         subclass derives it before use. (templated)
     :param api_key_conn_id: a connection whose password is the endpoint's API key; none: no key.
     :param ready_timeout_s: how long a new version may take to answer.
-    :param ray_conn_id: the ``ray`` connection.
+    :param ray_conn_id: the ``ray_ml`` connection.
     :param artifact_root: where the serving history lives; None: the connection's ``artifact_root``.
     """
 

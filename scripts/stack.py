@@ -235,7 +235,7 @@ def keep_ray_connection(client: AirflowClient, sources: list[str]) -> None:
         raise SystemExit(f"GET /connections/{RAY_CONN_ID} answered HTTP {response.status_code}: {response.text[:500]}")
     # sensitive values come back as '***'; Airflow keeps the stored ones for them when they are sent back
     current = json.loads(response.json().get("extra") or "{}") if response.status_code == 200 else {}
-    body = {"connection_id": RAY_CONN_ID, "conn_type": "ray",
+    body = {"connection_id": RAY_CONN_ID, "conn_type": "ray_ml",
             "extra": json.dumps(ray_connection_extra(current, sources))}
     if response.status_code == 404:
         client.call("POST", "/connections", json=body)

@@ -122,7 +122,7 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
     try:
         cluster.start()
         os.environ[variable] = json.dumps({
-            "conn_type": "ray",
+            "conn_type": "ray_ml",
             "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
                       "artifact_root": tempfile.mkdtemp(prefix=f"{conn_id}-artifacts-")},
         })
@@ -167,7 +167,7 @@ def ray_conn(ray_cluster, artifact_root):
     from scripts.localcluster import free_port
 
     os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({
-        "conn_type": "ray",
+        "conn_type": "ray_ml",
         "extra": {"dashboard_url": ray_cluster.dashboard_url, "auth_token": ray_cluster.token,
                   "artifact_root": artifact_root, "serve_url": f"http://127.0.0.1:{free_port()}"},
     })
@@ -323,7 +323,7 @@ def s3_server():
 def allow_sources(monkeypatch, *roots: str) -> None:
     """Widen the ``ray_default`` connection's allowed sources (airflow_ray_ml.confine) for one test, as
     an Airflow admin would in its ``allowed_sources`` field; the connection is otherwise kept as it is."""
-    connection = json.loads(os.environ.get("AIRFLOW_CONN_RAY_DEFAULT") or '{"conn_type": "ray"}')
+    connection = json.loads(os.environ.get("AIRFLOW_CONN_RAY_DEFAULT") or '{"conn_type": "ray_ml"}')
     extra = connection.setdefault("extra", {})
     extra.setdefault("dashboard_url", os.environ.get("RAY_DASHBOARD_URL", "http://127.0.0.1:8265"))
     extra["allowed_sources"] = [*extra.get("allowed_sources", []), *map(str, roots)]

@@ -156,7 +156,7 @@ def test_a_serve_config_that_fails_to_start_reports_its_cause(cluster_of_its_own
     # A port this test holds on loopback: Serve's proxy cannot bind it, and the dashboard answers
     # with the whole traceback, the cause on its last line.
     monkeypatch.setenv("AIRFLOW_CONN_RAY_REJECTS", json.dumps({
-        "conn_type": "ray",
+        "conn_type": "ray_ml",
         "extra": {"dashboard_url": cluster_of_its_own.dashboard_url, "auth_token": cluster_of_its_own.token}}))
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -223,7 +223,7 @@ def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deplo
         assert stat.S_IMODE(os.stat(temp_dir).st_mode) == 0o700
 
         monkeypatch.setenv("AIRFLOW_CONN_RAY_LONGPATH", json.dumps({
-            "conn_type": "ray",
+            "conn_type": "ray_ml",
             "extra": {"dashboard_url": state["dashboard_url"],
                       "auth_token": token_file.read_text().strip(),
                       "artifact_root": str(checkout / "artifacts"),

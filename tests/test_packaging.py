@@ -6,8 +6,9 @@ own environment (``--no-isolation``: constraints.txt pins it there, so no build 
 installed twice per run). The wheel is installed with Airflow, at the versions in constraints.txt
 and without the ``ml`` extra, into a fresh virtual environment, by the test environment's own pip
 (the tested one, ``pip --python``), and that environment's own ``airflow`` must then see the
-provider, the ``ray`` connection type with its fields, and the "Ray ML" page's plugin, with an
-empty plugins folder.
+provider, the ``ray_ml`` connection type with its fields, the "Ray ML" page's plugin, with an
+empty plugins folder, and the rollback DAG that the page's buttons run, from a DAGs folder
+holding only this project's one-call ``dags/ray_serve_rollback.py``.
 
 The install needs the package registry or pip's cache; the module skips only when the registry is
 unreachable and the install cannot be satisfied without it.
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.operators.fake_jobs_api import FakeJobsApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.packaging]
 
@@ -40,10 +42,14 @@ SHIPPED_TOP_LEVEL = {"airflow_ray_ml", "airflow_ray_ml_stages"}
 AIRFLOW_PACKAGE = "airflow_ray_ml"
 AIRFLOW_FOLDER = "operators"  # the Astro-style project's folder that AIRFLOW_PACKAGE installs from
 PLUGIN_NAME = "ray_ml"
+CONN_TYPE = "ray_ml"  # not "ray": the deprecated Ray provider's type
 PLUGIN_CLASS = f"{AIRFLOW_PACKAGE}.plugins.ray_ml.RayMLPlugin"
 CONN_FIELDS = {"dashboard_url", "auth_token", "verify_tls", "serve_url", "artifact_root", "storage_conn_id",
                "allowed_sources"}
 CONSTRAINTS = ROOT / "constraints.txt"
+# The DAG file a team adds to enable the rollback DAG; the DAGs folder holds nothing else.
+ROLLBACK_DAG_FILE = "dags/ray_serve_rollback.py"
+ROLLBACK_DAG_ID = "ray_serve_rollback"
 # pip's words when it could not connect (it retries, warning each time), and when it then found no
 # release to install.
 _UNREACHABLE = ("NewConnectionError", "NameResolutionError", "Failed to establish a new connection",
@@ -127,6 +133,7 @@ def installed(dists, tmp_path_factory) -> dict:
     print(f"\nfresh venv with the wheel and Airflow: {time.monotonic() - started:.0f} s")
     for folder in ("home", "plugins", "dags"):
         (base / folder).mkdir()
+    shutil.copy2(dists["source"] / ROLLBACK_DAG_FILE, base / "dags")
     airflow_env = _clean_env(
         AIRFLOW_HOME=str(base / "home"),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
@@ -227,21 +234,23 @@ def test_airflow_lists_the_provider(installed):
     assert providers[DIST_NAME]["version"] == VERSION
 
 
-def test_the_ray_connection_type_and_its_fields_are_in_the_hook_metadata(installed):
-    found = _python(installed, """
+def test_the_ray_ml_connection_type_and_its_fields_are_in_the_hook_metadata(installed):
+    found = _python(installed, f"""
 import json
 from airflow.providers_manager import ProvidersManager
 pm = ProvidersManager()
-hook = pm.hooks["ray"]
-widgets = {name: {"field": w.field_name, "package": w.package_name, "sensitive": w.is_sensitive,
-                  "title": w.field["schema"].get("title")}
-           for name, w in pm.connection_form_widgets.items() if name.startswith("extra__ray__")}
-print(json.dumps({"hook": None if hook is None else {"class": hook.hook_class_name, "package": hook.package_name,
-                  "name": hook.hook_name, "type": hook.connection_type},
-                  "widgets": widgets, "behaviour": pm.field_behaviours.get("ray")}))
+hook = pm.hooks.get("{CONN_TYPE}")
+widgets = {{name: {{"field": w.field_name, "package": w.package_name, "sensitive": w.is_sensitive,
+                    "title": w.field["schema"].get("title")}}
+           for name, w in pm.connection_form_widgets.items() if name.startswith("extra__{CONN_TYPE}__")}}
+print(json.dumps({{"hook": None if hook is None else {{"class": hook.hook_class_name, "package": hook.package_name,
+                   "name": hook.hook_name, "type": hook.connection_type}},
+                  "widgets": widgets, "behaviour": pm.field_behaviours.get("{CONN_TYPE}"),
+                  "ray_type": "ray" in pm.hooks}}))
 """)
     assert found["hook"] == {"class": f"{AIRFLOW_PACKAGE}.hooks.ray.RayHook", "package": DIST_NAME,
-                             "name": "Ray", "type": "ray"}
+                             "name": "Ray ML", "type": CONN_TYPE}
+    assert not found["ray_type"]  # the deprecated provider's type is left to it
     widgets = found["widgets"]
     assert {w["field"] for w in widgets.values()} == CONN_FIELDS
     assert all(w["package"] == DIST_NAME and w["title"] for w in widgets.values())
@@ -278,3 +287,59 @@ print(json.dumps({"declared": [[p.name, p.plugin_class, p.provider_name] for p i
     # (other providers, such as OpenLineage, declare their own)
     assert [p for p in found["declared"] if p[2] == DIST_NAME] == []
     assert found["errors"] == {}
+
+
+def test_the_rollback_dag_from_its_one_call_file_lists_and_the_pages_button_triggers_it(installed, tmp_path):
+    """The DAGs folder holds only the one-call file: Airflow lists the DAG, and the page's action
+    route (what the Pin button posts) refuses while the DAG is not in Airflow, then starts a run of it."""
+    from airflow_ray_ml.serve_history import config_uri, serving_dir
+
+    dags_folder = Path(installed["env"]["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert [path.name for path in dags_folder.iterdir()] == [Path(ROLLBACK_DAG_FILE).name]
+    airflow = str(installed["venv"] / "bin" / "airflow")
+    _run([airflow, "db", "migrate"], env=installed["env"], cwd=installed["cwd"], timeout=300)
+    # A pinned version needs only the config its promotion recorded, and Serve's state (none live).
+    app, version, artifact_root = "wine-quality", "xgboost-pinned", tmp_path / "artifacts"
+    config = Path(config_uri(serving_dir(str(artifact_root), app), version))
+    config.parent.mkdir(parents=True)
+    config.write_text("{}")
+    with FakeJobsApi(token="page-token") as dashboard:
+        env = {**installed["env"], "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+               "AIRFLOW_CONN_RAY_DEFAULT": json.dumps({"conn_type": CONN_TYPE, "extra": {
+                   "dashboard_url": dashboard.url, "auth_token": "page-token", "artifact_root": str(artifact_root)}})}
+        out = _run([str(installed["python"]), "-c", f"""
+import json, subprocess, sys
+from fastapi.testclient import TestClient
+from airflow.api_fastapi.app import create_app
+from airflow.models.dagrun import DagRun
+from airflow.models.errors import ParseImportError
+from airflow.utils.session import create_session
+
+client = TestClient(create_app())
+def pin():
+    response = client.post("/ray-ml/apps/{app}/actions", json={{"version": "{version}"}},
+                           headers={{"X-Ray-ML-Action": "1"}})
+    return {{"status": response.status_code, "body": response.json()}}
+before = pin()
+subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize"], check=True, stdout=subprocess.DEVNULL)
+after = pin()
+with create_session() as session:
+    runs = [{{"dag_id": r.dag_id, "run_id": r.run_id, "conf": r.conf}} for r in session.query(DagRun)]
+    errors = [e.filename for e in session.query(ParseImportError)]
+print(json.dumps({{"before": before, "after": after, "runs": runs, "errors": errors}}))
+"""], env=env, cwd=installed["cwd"], timeout=300)
+        asked_serve = dashboard.count("GET", "/api/serve/applications/")
+    found = json.loads(out.strip().splitlines()[-1])
+    # (the CLI prints Python warnings, such as a missing graphviz, on stdout before the JSON)
+    listed = json.loads(_run([airflow, "dags", "list", "-o", "json"], env=installed["env"], cwd=installed["cwd"],
+                             timeout=300).strip().splitlines()[-1])
+    assert [dag["dag_id"] for dag in listed] == [ROLLBACK_DAG_ID]
+    assert found["errors"] == []
+    assert found["before"]["status"] == 404, found["before"]
+    assert f"serve_rollback_dag({ROLLBACK_DAG_ID!r})" in found["before"]["body"]["detail"]
+    assert found["after"]["status"] == 201, found["after"]
+    started = found["after"]["body"]
+    assert started["dag_id"] == ROLLBACK_DAG_ID and started["version"] == version
+    (run,) = found["runs"]
+    assert run["run_id"] == started["run_id"] and run["conf"]["app_name"] == app and run["conf"]["version"] == version
+    assert asked_serve == 1  # the refused request never asked Ray

@@ -59,7 +59,7 @@ def use_s3_credentials(access_key: str | None = None, secret_key: str | None = N
 
     Without this call, ``s3://`` URIs take pyarrow's default chain: ``AWS_*`` variables, the
     config files, the instance's or pod's role (how the Ray side reads them: the cluster's own
-    identity). The Airflow side calls it with the storage connection of its ``ray`` connection,
+    identity). The Airflow side calls it with the storage connection of its ``ray_ml`` connection,
     for that connection's artifact root; a URI under several prefixes takes the longest one's, so
     two connections with roots in different buckets keep their own credentials in one process.
 

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 import requests
 
+from airflow_ray_ml import CONN_TYPE, CONN_TYPE_NAME
 from airflow_ray_ml.errors import (
     RayAuthError, RayClusterUnreachableError, RayOperatorError, RayTLSError, ServeUnreachableError,
 )
@@ -159,7 +160,7 @@ def _job_path(template: str, submission_id: str) -> str:
 class RayHook(BaseHook):
     """Talk to a Ray cluster through its dashboard's REST APIs.
 
-    The connection (type ``ray``) gives the dashboard URL (``dashboard_url`` field, or host and
+    The connection (type ``ray_ml``) gives the dashboard URL (``dashboard_url`` field, or host and
     port), the auth token (``auth_token`` field or password; else ``RAY_AUTH_TOKEN``, else
     ``~/.ray/auth_token``), whether to verify TLS (on by default) and the artifact root. When the
     default connection ``ray_default`` is not defined, the hook uses ``RAY_DASHBOARD_URL`` or
@@ -174,8 +175,8 @@ class RayHook(BaseHook):
 
     conn_name_attr = "ray_conn_id"
     default_conn_name = "ray_default"
-    conn_type = "ray"
-    hook_name = "Ray"
+    conn_type = CONN_TYPE
+    hook_name = CONN_TYPE_NAME
 
     def __init__(self, ray_conn_id: str = default_conn_name, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  **kwargs: Any) -> None:
@@ -201,6 +202,11 @@ class RayHook(BaseHook):
         }
 
     def _connection_settings(self, connection: Any) -> dict[str, Any]:
+        if connection.conn_type != CONN_TYPE:
+            # Read all the same (connections are found by id), but Airflow's form and test button
+            # know this type only as another provider's, or not at all.
+            self.log.warning("Connection %r has type %r; change it to %r (docs/deployment.md#the-connection-type-ray_ml)",
+                             self.ray_conn_id, connection.conn_type, CONN_TYPE)
         extra = connection.extra_dejson or {}
         url = extra.get("dashboard_url") or connection.host
         if not url:

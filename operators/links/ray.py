@@ -67,7 +67,7 @@ class RayServeDashboardLink(BaseOperatorLink):
 
 class RayJobLogLink(BaseOperatorLink):
     """Link from a task to its Ray job's status and log on the "Ray ML" page: Airflow reads them
-    through the ``ray`` connection, so, unlike the dashboard, it needs no Ray token."""
+    through the ``ray_ml`` connection, so, unlike the dashboard, it needs no Ray token."""
 
     name = "Ray job log"
 

@@ -3,7 +3,7 @@
 ``RayServeDeployOperator`` appends every decision it takes for an application (promoted, kept the
 champion, rolled back, ...) to ``<artifact_root>/serving/<app>/history.json``. This module reads
 that file, newest entry first, through ``airflow_ray_ml_stages.artifacts`` (local, s3://, gs://);
-the artifact root is the ``ray`` connection's ``artifact_root``, else the operators' default.
+the artifact root is the ``ray_ml`` connection's ``artifact_root``, else the operators' default.
 A missing or unreadable file becomes a sentence, never an error of the page.
 """
 

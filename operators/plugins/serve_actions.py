@@ -1,7 +1,7 @@
 """Roll back or pin a served model from the "Ray ML" page, as a run of the rollback DAG.
 
 The page does not change Ray Serve itself: it triggers a run of the DAG named by
-``[ray_ml] serve_action_dag_id`` (default ``ray_serve_rollback``, ``dags/ray_serve_rollback.py``),
+``[ray_ml] serve_action_dag_id`` (default ``ray_serve_rollback``, which ``serve_rollback_dag()`` defines),
 whose ``RayServeRollbackOperator`` does the work, so a rollback is logged, permissioned and retried
 like any other work. Before triggering, it checks what the run would find out too late:
 
@@ -18,9 +18,8 @@ from typing import Any
 from airflow_ray_ml.serve_apps import APP_NAME, app_model_version, app_owner
 from airflow_ray_ml.serve_history import config_uri, read_history, serving_dir
 from airflow_ray_ml.ray_serve_rollback import RollbackError, check_version, previous_version, promoted_versions
+from airflow_ray_ml.serve_rollback_dag import DEFAULT_DAG_ID
 from airflow_ray_ml_stages import artifacts
-
-DEFAULT_DAG_ID = "ray_serve_rollback"
 
 
 class ServeActionError(Exception):
@@ -75,7 +74,7 @@ def check_servable(hook: Any, app_name: str, version: str | None) -> tuple[str, 
 def request_serve_action(user: Any, app_name: str, version: str | None, conn_id: str | None = None) -> dict[str, Any]:
     """Trigger the rollback DAG for ``app_name``: back to the previous model (``version=None``) or ``version``.
 
-    :param conn_id: the ``ray`` connection; None: the page's (``[ray_ml] ray_conn_id``).
+    :param conn_id: the ``ray_ml`` connection; None: the page's (``[ray_ml] ray_conn_id``).
     :return: ``{"dag_id", "run_id", "version", "from_version"}`` of the triggered run.
     :raises ServeActionError: 400 bad input, 403 not allowed, 404 unknown DAG or version, 409 nothing to roll back to.
     """
@@ -94,8 +93,9 @@ def request_serve_action(user: Any, app_name: str, version: str | None, conn_id:
         raise ServeActionError(400, str(err)) from None
     dag_id = serve_action_dag_id()
     if DagModel.get_current(dag_id) is None:
-        raise ServeActionError(404, f"DAG {dag_id!r} is not in Airflow: copy dags/ray_serve_rollback.py of "
-                                    "airflow-ray-ml into your DAGs folder, or set [ray_ml] serve_action_dag_id")
+        raise ServeActionError(404, f"DAG {dag_id!r} is not in Airflow: add a file to your DAGs folder that calls "
+                                    f"airflow_ray_ml.serve_rollback_dag.serve_rollback_dag({dag_id!r}), or set "
+                                    "[ray_ml] serve_action_dag_id to the DAG that rolls back")
     if not _may_trigger(user, dag_id):  # before Ray is asked anything
         raise ServeActionError(403, _not_allowed(dag_id, app_name))
     try:

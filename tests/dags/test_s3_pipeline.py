@@ -4,7 +4,7 @@ S3-compatible server (SeaweedFS on loopback).
 The nodes have separate temp dirs and no common artifact path: every split, preprocessor, Tune
 result, checkpoint, model directory, manifest and the serving history live in the bucket, and
 the Serve replicas load the model from there. Airflow reaches the bucket through an ``aws``
-connection named by the ``ray`` connection's ``storage_conn_id``; the Ray nodes through their
+connection named by the ``ray_ml`` connection's ``storage_conn_id``; the Ray nodes through their
 own environment (the cluster's identity). The secret must never reach a task log, a job's
 entrypoint or runtime_env, the job metadata or the Serve config that Ray's APIs return.
 """
@@ -78,7 +78,7 @@ def on_s3(airflow_db, s3_server, s3_cluster, monkeypatch):
         "extra": {"endpoint_url": s3_server.endpoint_url, "region_name": "us-east-1"},
     }))
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({
-        "conn_type": "ray",
+        "conn_type": "ray_ml",
         "extra": {"dashboard_url": s3_cluster.dashboard_url, "auth_token": s3_cluster.token,
                   "artifact_root": root, "serve_url": f"http://127.0.0.1:{free_port()}",
                   "storage_conn_id": STORAGE_CONN},

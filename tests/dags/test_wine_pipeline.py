@@ -152,7 +152,7 @@ def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray
         node_ids = {node["node_id"] for node in cluster.nodes()}
         assert len(node_ids) == 2
         monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({
-            "conn_type": "ray",
+            "conn_type": "ray_ml",
             "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
                       "artifact_root": str(tmp_path), "serve_url": f"http://127.0.0.1:{free_port()}"},
         }))

@@ -88,9 +88,9 @@ def test_hook_reads_the_artifact_root_with_its_storage_connection_only(s3_server
     monkeypatch.setenv("AIRFLOW_CONN_RAYML_UNIT_S3", json.dumps({
         "conn_type": "aws", "login": s3_server.access_key, "password": s3_server.secret_key,
         "extra": {"endpoint_url": s3_server.endpoint_url, "region_name": "us-east-1"}}))
-    monkeypatch.setenv("AIRFLOW_CONN_RAYML_UNIT_RAY", json.dumps({"conn_type": "ray", "extra": {
+    monkeypatch.setenv("AIRFLOW_CONN_RAYML_UNIT_RAY", json.dumps({"conn_type": "ray_ml", "extra": {
         "dashboard_url": "http://127.0.0.1:1", "artifact_root": root, "storage_conn_id": "rayml_unit_s3"}}))
-    monkeypatch.setenv("AIRFLOW_CONN_RAYML_UNIT_MISSING", json.dumps({"conn_type": "ray", "extra": {
+    monkeypatch.setenv("AIRFLOW_CONN_RAYML_UNIT_MISSING", json.dumps({"conn_type": "ray_ml", "extra": {
         "dashboard_url": "http://127.0.0.1:1", "artifact_root": root, "storage_conn_id": "no_such_conn"}}))
     try:
         assert RayHook("rayml_unit_ray").artifact_root == root

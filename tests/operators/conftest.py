@@ -17,7 +17,7 @@ def fake_jobs_api(monkeypatch, tmp_path):
     token and an artifact root of the test's own); stopped when the test ends."""
     with FakeJobsApi() as fake:
         monkeypatch.setenv(f"AIRFLOW_CONN_{FAKE_CONN_ID.upper()}", json.dumps({
-            "conn_type": "ray",
+            "conn_type": "ray_ml",
             "extra": {"dashboard_url": fake.url, "auth_token": fake.token, "artifact_root": str(tmp_path / "artifacts")},
         }))
         yield fake

@@ -143,7 +143,7 @@ def test_confine_root_that_is_not_absolute_or_has_no_host_fails_naming_it(root):
 
 def _connection(monkeypatch, artifact_root, **extra) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_RAY_TEST", json.dumps({
-        "conn_type": "ray", "extra": {"dashboard_url": "http://127.0.0.1:1", "artifact_root": str(artifact_root),
+        "conn_type": "ray_ml", "extra": {"dashboard_url": "http://127.0.0.1:1", "artifact_root": str(artifact_root),
                                       **extra}}))
 
 

@@ -8,6 +8,7 @@ import os
 import socket
 
 import pytest
+import structlog
 
 from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
 from airflow_ray_ml.hooks.ray import RayHook, normalise_dashboard_url, resolve_token
@@ -50,7 +51,7 @@ def test_resolve_token_path_env_overrides_default_file(tmp_path):
 
 
 def _set_conn(monkeypatch, conn_id: str, **extra):
-    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "ray", "extra": extra}))
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "ray_ml", "extra": extra}))
 
 
 def test_hook_reads_connection_fields(monkeypatch):
@@ -72,6 +73,34 @@ def test_hook_without_url_says_which_field(monkeypatch):
     _set_conn(monkeypatch, "ray_z")
     with pytest.raises(RayOperatorError, match="'ray_z' has no dashboard URL.*dashboard_url"):
         RayHook("ray_z").dashboard_url
+
+
+def test_connection_type_ray_ml_gets_the_ray_hook_from_airflow(monkeypatch):
+    from airflow.models.connection import Connection
+
+    _set_conn(monkeypatch, "ray_typed", dashboard_url="http://10.0.0.7:8265")
+    hook = Connection(conn_id="ray_typed", conn_type="ray_ml").get_hook()  # what Airflow's test button does
+    assert isinstance(hook, RayHook) and hook.ray_conn_id == "ray_typed"
+    assert hook.dashboard_url == "http://10.0.0.7:8265"
+
+
+def test_hook_connection_of_the_old_ray_type_is_read_with_a_warning(monkeypatch):
+    extra = {"dashboard_url": "http://10.0.0.6:8265", "auth_token": "tok"}
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_OLD", json.dumps({"conn_type": "ray", "extra": extra}))
+    _set_conn(monkeypatch, "ray_new", **extra)
+
+    def type_warnings(records: list[dict]) -> list[str]:
+        return [r["event"] for r in records if "change it to" in str(r.get("event"))]
+
+    with structlog.testing.capture_logs() as records:
+        assert RayHook("ray_new").dashboard_url == "http://10.0.0.6:8265"
+    assert type_warnings(records) == []
+    with structlog.testing.capture_logs() as records:
+        old = RayHook("ray_old")
+        assert old.dashboard_url == "http://10.0.0.6:8265"
+        assert old.auth_headers() == {"Authorization": "Bearer tok"}
+    (warning,) = type_warnings(records)
+    assert "'ray_old' has type 'ray'; change it to 'ray_ml'" in warning and "tok" not in warning
 
 
 def test_hook_default_connection_missing_uses_local_cluster(monkeypatch):

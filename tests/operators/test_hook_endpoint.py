@@ -114,7 +114,7 @@ def https_endpoint(tmp_path_factory) -> Iterator[tuple[str, Path]]:
 
 def _hook(monkeypatch, serve_url: str, verify_tls: bool) -> RayHook:
     conn_id = f"ray_tls_{'on' if verify_tls else 'off'}"
-    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "ray", "extra": {
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "ray_ml", "extra": {
         "dashboard_url": "http://127.0.0.1:8265", "serve_url": serve_url, "verify_tls": str(verify_tls).lower()}}))
     return RayHook(conn_id, timeout_s=10)
 

@@ -72,7 +72,7 @@ def dashboard(cluster_status: dict):
 
 
 def _connect(monkeypatch, url: str) -> None:
-    monkeypatch.setenv("AIRFLOW_CONN_RAY_LOOPBACK", json.dumps({"conn_type": "ray", "extra": {"dashboard_url": url}}))
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_LOOPBACK", json.dumps({"conn_type": "ray_ml", "extra": {"dashboard_url": url}}))
 
 
 def _train(**kwargs) -> RayTrainOperator:

@@ -65,7 +65,7 @@ def test_page_renders_notices_when_ray_is_unreachable(monkeypatch):
     from scripts.localcluster import free_port
 
     monkeypatch.setenv("AIRFLOW_CONN_RAY_UI_DOWN", json.dumps(
-        {"conn_type": "ray", "extra": {"dashboard_url": f"http://127.0.0.1:{free_port()}"}}))
+        {"conn_type": "ray_ml", "extra": {"dashboard_url": f"http://127.0.0.1:{free_port()}"}}))
     data = ray_ml.PageData(conn_id="ray_ui_down")
     ray_ml.load_serve(data)
     assert data.serve_error and "Cannot reach the Ray cluster" in data.serve_error
@@ -341,7 +341,7 @@ def test_job_detail_shows_a_real_jobs_status_and_log_tail_without_the_dashboard_
     assert all(stage["status"] == "SUCCEEDED" for stage in jobs.values()) and status["jobs_error"] is None
     assert jobs["tune"]["submission_id"] == job["submission_id"]
 
-    # No bearer token for Ray here: the api-server reads the job through the `ray` connection.
+    # No bearer token for Ray here: the api-server reads the job through the `ray_ml` connection.
     response = requests.get(f"{page}jobs/{job['submission_id']}", timeout=60)
     assert response.status_code == 200, response.text
     assert 'id="job-state">SUCCEEDED<' in response.text

@@ -64,7 +64,7 @@ def page_server(tune_runs, tmp_path_factory):
         # a Ray connection nobody listens on: the page must not depend on any cluster on this machine
         AIRFLOW__RAY_ML__RAY_CONN_ID="ray_page_access",
         AIRFLOW_CONN_RAY_PAGE_ACCESS=json.dumps(
-            {"conn_type": "ray", "extra": {"dashboard_url": f"http://127.0.0.1:{free_port()}"}}),
+            {"conn_type": "ray_ml", "extra": {"dashboard_url": f"http://127.0.0.1:{free_port()}"}}),
     ) as base:
         yield base, passwords
 

@@ -43,7 +43,7 @@ def test_page_shows_a_running_job_whose_trials_wait_as_pending_with_the_reason(m
     server = _jobs_api({"tune-job": "RUNNING", "done-job": "RUNNING", "train-job": "SUCCEEDED"})
     try:
         root = str(tmp_path)
-        monkeypatch.setenv("AIRFLOW_CONN_RAY_PENDING", json.dumps({"conn_type": "ray", "extra": {
+        monkeypatch.setenv("AIRFLOW_CONN_RAY_PENDING", json.dumps({"conn_type": "ray_ml", "extra": {
             "dashboard_url": f"http://127.0.0.1:{server.server_address[1]}", "artifact_root": root}}))
         jobs = [StageJob("wine", "run1", "tune", -1, "tune-job"), StageJob("wine", "run1", "search", -1, "done-job"),
                 StageJob("wine", "run1", "train", -1, "train-job")]

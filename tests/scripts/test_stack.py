@@ -96,7 +96,7 @@ def test_keep_ray_connection_on_a_running_api_server_allows_each_runs_sources_in
             # a person sets a token and another root in the UI, then `make run SOURCE=flats.csv` runs
             extra = json.loads(requests.get(connection, timeout=10).json()["extra"])
             extra.update(auth_token="s3cret-token", allowed_sources="\n".join([*extra["allowed_sources"], "/srv/shared"]))
-            requests.patch(connection, timeout=10, json={"connection_id": stack.RAY_CONN_ID, "conn_type": "ray",
+            requests.patch(connection, timeout=10, json={"connection_id": stack.RAY_CONN_ID, "conn_type": "ray_ml",
                                                          "extra": json.dumps(extra)}).raise_for_status()
             stack.keep_ray_connection(client, [second])
             stored = _stored_connection_extra(stack.RAY_CONN_ID)

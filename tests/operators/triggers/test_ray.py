@@ -108,7 +108,7 @@ def test_trigger_cluster_unreachable_past_its_limit_fires_error(fake_jobs_api):
 
 def test_trigger_rejected_token_fires_error_saying_how_to_fix(monkeypatch, fake_jobs_api, tmp_path):
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "no-token-here"))
-    monkeypatch.setenv("AIRFLOW_CONN_RAY_NOTOKEN", json.dumps({"conn_type": "ray", "extra": {"dashboard_url": fake_jobs_api.url}}))
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_NOTOKEN", json.dumps({"conn_type": "ray_ml", "extra": {"dashboard_url": fake_jobs_api.url}}))
     fake_jobs_api.add_job("job-1")
     event = _first_event(RayJobTrigger(submission_id="job-1", ray_conn_id="ray_notoken"), 30)
     assert event["status"] == "error" and event["message"].startswith("RayAuthError: ")
@@ -132,14 +132,14 @@ def test_trigger_unreachable_cluster_fires_error_not_crash(monkeypatch):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     monkeypatch.setenv("AIRFLOW_CONN_RAY_GONE", json.dumps(
-        {"conn_type": "ray", "extra": {"dashboard_url": f"http://127.0.0.1:{port}"}}))
+        {"conn_type": "ray_ml", "extra": {"dashboard_url": f"http://127.0.0.1:{port}"}}))
     trigger = RayJobTrigger(submission_id="x", ray_conn_id="ray_gone", poll_interval_s=0.1, max_unreachable_s=0.3)
     event = _first_event(trigger, timeout_s=30)
     assert event["status"] == "error" and f"127.0.0.1:{port}" in event["message"] and "unreachable" in event["message"]
 
 
 def test_trigger_bad_connection_fires_error_event(monkeypatch):
-    monkeypatch.setenv("AIRFLOW_CONN_RAY_BAD", json.dumps({"conn_type": "ray", "extra": {}}))
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_BAD", json.dumps({"conn_type": "ray_ml", "extra": {}}))
     event = _first_event(RayJobTrigger(submission_id="x", ray_conn_id="ray_bad"), timeout_s=30)
     assert event["status"] == "error" and "no dashboard URL" in event["message"]
 
