@@ -15,6 +15,10 @@ class RayClusterUnreachableError(RayOperatorError, ConnectionError):
     """The Ray dashboard (Jobs/Serve/State API) did not answer."""
 
 
+class RayConnectionSettingError(RayOperatorError, AirflowFailException):
+    """A field of the Ray connection holds a value the hook cannot use: fail at once; fix the connection."""
+
+
 class RayAuthError(RayOperatorError, PermissionError):
     """The Ray cluster rejected the request's auth token."""
 

@@ -39,7 +39,7 @@ AIRFLOW_FOLDER = "operators"  # the Astro-style project's folder that AIRFLOW_PA
 PLUGIN_NAME = "ray_ml"
 PLUGIN_CLASS = f"{AIRFLOW_PACKAGE}.plugins.ray_ml.RayMLPlugin"
 CONN_FIELDS = {"dashboard_url", "auth_token", "verify_tls", "serve_url", "artifact_root", "storage_conn_id",
-               "allowed_sources"}
+               "allowed_sources", "retries", "retry_max_wait_s"}
 CONSTRAINTS = ROOT / "constraints.txt"
 # pip's words when it could not connect (it retries, warning each time), and when it then found no
 # release to install.
