@@ -10,8 +10,8 @@ import asyncio
 import contextlib
 import copy
 import logging
-import re
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from functools import cached_property

@@ -133,3 +133,17 @@ def test_tls_and_client_errors_are_not_retried(fake_jobs_api):
         with pytest.raises(RayClusterUnreachableError, match=r"\(SSLError\): start"):  # once, not "N tries"
             RayHook("ray_tls").get_version()
     assert fake_jobs_api.requests == []
+
+
+def test_exhausted_retries_message_leaves_out_credentials_in_the_url(monkeypatch):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_USERINFO", json.dumps({"conn_type": "ray", "extra": {
+        "dashboard_url": f"http://admin:s3cret@127.0.0.1:{port}", "retries": 1, "retry_max_wait_s": 0.01}}))
+    with pytest.raises(RayClusterUnreachableError) as caught:
+        RayHook("ray_userinfo").get_version()
+    assert f"at http://127.0.0.1:{port} (ConnectionError on GET /api/version, 2 tries" in str(caught.value)
+    assert "s3cret" not in str(caught.value) and "admin" not in str(caught.value)
