@@ -115,6 +115,19 @@ def get_provider_info() -> dict:
                         "https://host/path), one per line or comma-separated",
                         "schema": {"type": ["string", "null"]},
                     },
+                    "retries": {
+                        "label": "Retries",
+                        "description": "How many times a call that failed transiently (no connection, a "
+                        "timeout, HTTP 502/503/504) is sent again; only calls that are safe to repeat. "
+                        "0 turns retries off",
+                        "schema": {"type": ["integer", "null"], "minimum": 0, "default": 5},
+                    },
+                    "retry_max_wait_s": {
+                        "label": "Longest wait between retries (s)",
+                        "description": "Waits double from 1 s (1, 2, 4, 8, 16...) up to this many seconds; "
+                        "the defaults give up after about 35 s of waiting",
+                        "schema": {"type": ["number", "null"], "minimum": 0, "default": 16},
+                    },
                 },
                 "ui-field-behaviour": {
                     "hidden-fields": ["schema", "login", "port", "extra"],

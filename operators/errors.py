@@ -24,6 +24,10 @@ class RayTLSError(RayOperatorError, AirflowFailException):
     certificate; the message names the connection's ``verify_tls``."""
 
 
+class RayConnectionSettingError(RayOperatorError, AirflowFailException):
+    """A field of the Ray connection holds a value the hook cannot use: fail at once; fix the connection."""
+
+
 class RayAuthError(RayOperatorError, PermissionError):
     """The Ray cluster rejected the request's auth token."""
 

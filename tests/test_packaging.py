@@ -45,7 +45,7 @@ PLUGIN_NAME = "ray_ml"
 CONN_TYPE = "ray_ml"  # not "ray": the deprecated Ray provider's type
 PLUGIN_CLASS = f"{AIRFLOW_PACKAGE}.plugins.ray_ml.RayMLPlugin"
 CONN_FIELDS = {"dashboard_url", "auth_token", "verify_tls", "serve_url", "artifact_root", "storage_conn_id",
-               "allowed_sources"}
+               "allowed_sources", "retries", "retry_max_wait_s"}
 CONSTRAINTS = ROOT / "constraints.txt"
 # The DAG file a team adds to enable the rollback DAG; the DAGs folder holds nothing else.
 ROLLBACK_DAG_FILE = "dags/ray_serve_rollback.py"

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -23,11 +25,14 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 import requests
+import tenacity
 
 from airflow_ray_ml import CONN_TYPE, CONN_TYPE_NAME
 from airflow_ray_ml.errors import (
-    RayAuthError, RayClusterUnreachableError, RayOperatorError, RayTLSError, ServeUnreachableError,
+    RayAuthError, RayClusterUnreachableError, RayConnectionSettingError, RayOperatorError, RayTLSError,
+    ServeUnreachableError,
 )
+from airflow_ray_ml.hooks.retry import TRANSIENT_STATUSES, RetryPolicy, is_idempotent, is_transient, is_transient_error
 from airflow_ray_ml.job_status import RayJobStatus
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.capacity import Capacity
@@ -157,20 +162,52 @@ def _job_path(template: str, submission_id: str) -> str:
     return template.format(submission_id=quote(submission_id, safe=""))
 
 
+def _without_credentials(url: str) -> str:
+    """The URL as an error message may quote it: without a ``user:password@`` part."""
+    parts = urlsplit(url)
+    return url if "@" not in parts.netloc else parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
+
+
+# How Ray's job client words a refused request (ray.dashboard.modules.dashboard_sdk): its status code.
+_RAY_CLIENT_STATUS = re.compile(r"^Request failed with status code (\d{3})\b")
+
+
+def _ray_client_status(error: BaseException) -> int | None:
+    match = _RAY_CLIENT_STATUS.match(str(error)) if isinstance(error, RuntimeError) else None
+    return int(match[1]) if match else None
+
+
+def _is_transient_submit(state: tenacity.RetryCallState) -> bool:
+    """tenacity's ``retry`` for a submit through Ray's client: no connection, a timeout, or a 502/503/504."""
+    outcome = state.outcome
+    if outcome is None or not outcome.failed:
+        return False
+    error = outcome.exception()
+    return is_transient_error(error) or _ray_client_status(error) in TRANSIENT_STATUSES
+
+
+def _tries(count: int) -> str:
+    return "1 try" if count == 1 else f"{count} tries"
+
+
 class RayHook(BaseHook):
     """Talk to a Ray cluster through its dashboard's REST APIs.
 
     The connection (type ``ray_ml``) gives the dashboard URL (``dashboard_url`` field, or host and
     port), the auth token (``auth_token`` field or password; else ``RAY_AUTH_TOKEN``, else
-    ``~/.ray/auth_token``), whether to verify TLS (on by default) and the artifact root. When the
-    default connection ``ray_default`` is not defined, the hook uses ``RAY_DASHBOARD_URL`` or
-    ``http://127.0.0.1:8265``, the embedded local cluster.
+    ``~/.ray/auth_token``), whether to verify TLS (on by default), the artifact root, and how
+    calls that failed transiently are retried (``retries``, ``retry_max_wait_s``;
+    :mod:`airflow_ray_ml.hooks.retry`). When the default connection ``ray_default`` is not
+    defined, the hook uses ``RAY_DASHBOARD_URL`` or ``http://127.0.0.1:8265``, the embedded local
+    cluster, with the default retries.
 
     The REST calls have async twins for triggers (``a_get_job_status``, ``a_stop_job``,
     ``a_tail_job_logs``...; httpx, and aiohttp for the log websocket) that answer the same.
 
     :param ray_conn_id: the Airflow connection id.
     :param timeout_s: seconds one request may take.
+    :param retries: instead of the connection's ``retries``, for a caller that cannot wait (a
+        page a person is loading: 0) or that polls on its own.
     """
 
     conn_name_attr = "ray_conn_id"
@@ -179,10 +216,11 @@ class RayHook(BaseHook):
     hook_name = CONN_TYPE_NAME
 
     def __init__(self, ray_conn_id: str = default_conn_name, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 **kwargs: Any) -> None:
+                 retries: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ray_conn_id = ray_conn_id
         self.timeout_s = timeout_s
+        self.retries = retries
 
     # -- the connection -----------------------------------------------------------------------
 
@@ -199,6 +237,7 @@ class RayHook(BaseHook):
             "serve_url": None,
             "storage_conn_id": None,
             "allowed_sources": None,
+            "retry_policy": RetryPolicy.default(),
         }
 
     def _connection_settings(self, connection: Any) -> dict[str, Any]:
@@ -214,6 +253,12 @@ class RayHook(BaseHook):
                 f"the Airflow connection {self.ray_conn_id!r} has no dashboard URL: set its "
                 f"'dashboard_url' field (or host) to something like {DEFAULT_DASHBOARD_URL}"
             )
+        try:
+            retry_policy = RetryPolicy.from_extra(extra)
+        except ValueError as err:
+            raise RayConnectionSettingError(
+                f"the Airflow connection {self.ray_conn_id!r}: {err}; fix the field or leave it empty for its default"
+            ) from None
         return {
             "dashboard_url": normalise_dashboard_url(url, connection.port, connection.schema or "http"),
             "token": extra.get("auth_token") or connection.password,
@@ -222,6 +267,7 @@ class RayHook(BaseHook):
             "serve_url": extra.get("serve_url") or None,
             "storage_conn_id": extra.get("storage_conn_id") or None,
             "allowed_sources": extra.get("allowed_sources") or None,
+            "retry_policy": retry_policy,
         }
 
     @cached_property
@@ -306,6 +352,12 @@ class RayHook(BaseHook):
         """The connection's ``allowed_sources`` as given (airflow_ray_ml.confine reads it)."""
         return self._settings["allowed_sources"]
 
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """How transient failures are retried: the connection's fields, or this hook's ``retries``."""
+        policy = self._settings["retry_policy"]
+        return policy if self.retries is None else RetryPolicy(self.retries, policy.max_wait_s)
+
     def get_token(self) -> str | None:
         return resolve_token(self._settings["token"])
 
@@ -317,7 +369,7 @@ class RayHook(BaseHook):
 
     def unreachable_message(self, detail: object) -> str:
         return (
-            f"Cannot reach the Ray cluster at {self.dashboard_url} ({detail}): "
+            f"Cannot reach the Ray cluster at {_without_credentials(self.dashboard_url)} ({detail}): "
             + HOW_TO_FIX.format(conn_id=self.ray_conn_id)
             + "."
         )
@@ -350,37 +402,103 @@ class RayHook(BaseHook):
             f"{self.ray_conn_id!r} to accept an unverified one."
         )
 
-    def send(self, method: str, url: str, *, unreachable: Callable[[str], Exception], **kwargs: Any) -> requests.Response:
-        """Send one request with the connection's TLS verification and the hook's timeout.
-
-        The one synchronous way out of the hook: the dashboard's calls and the endpoints' both come
-        through here. A certificate that fails verification raises :class:`RayTLSError`; no answer
-        at all raises ``unreachable(<the reason>)``.
-        """
+    def _send_once(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """Send one request with the connection's TLS verification and the hook's timeout; a
+        certificate that fails verification raises :class:`RayTLSError` (never retried)."""
         kwargs.setdefault("timeout", self.timeout_s)
         try:
             return requests.request(method, url, verify=self.verify_tls, **kwargs)
         except requests.exceptions.SSLError as err:
             raise RayTLSError(self.tls_message(url, err)) from None
+
+    def send(self, method: str, url: str, *, unreachable: Callable[[str], Exception], **kwargs: Any) -> requests.Response:
+        """Send one request, as :meth:`_send_once`; no answer at all raises ``unreachable(<the reason>)``.
+
+        The endpoints' calls come through here; the dashboard's through :meth:`request`, which
+        adds the token and the retries around the same :meth:`_send_once`.
+        """
+        try:
+            return self._send_once(method, url, **kwargs)
         except requests.exceptions.RequestException as err:
             raise unreachable(type(err).__name__) from None
 
-    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        """Send an authenticated request to the dashboard; unreachable clusters raise one clear error."""
+    def _log_retry(self, method: str, path: str) -> Any:
+        """tenacity's ``before_sleep``: one warning per failed try, naming what failed and the next wait."""
+        def log(state: tenacity.RetryCallState) -> None:
+            outcome = state.outcome
+            error = outcome.exception() if outcome is not None and outcome.failed else None
+            status = _ray_client_status(error) if error is not None else getattr(outcome.result(), "status_code", None)
+            what = f"HTTP {status}" if status else type(error).__name__
+            self.log.warning("%s %s%s: %s (try %d of %d); trying again in %.1f s", method,
+                             _without_credentials(self.dashboard_url), path, what, state.attempt_number,
+                             self.retry_policy.tries, state.next_action.sleep if state.next_action else 0.0)
+        return log
+
+    def _exhausted(self, method: str, path: str, attempt: tenacity.Future, started: float) -> RayClusterUnreachableError:
+        """The one error for a call whose every try failed transiently: the URL, the tries, the last failure."""
+        tries, elapsed = _tries(attempt.attempt_number), time.monotonic() - started
+        if attempt.failed:
+            error = attempt.exception()
+            status, text = _ray_client_status(error), str(error)
+            if status is None:
+                return RayClusterUnreachableError(self.unreachable_message(
+                    f"{type(error).__name__} on {method} {path}, {tries} in {elapsed:.0f} s"))
+        else:
+            status, text = attempt.result().status_code, attempt.result().text
+        return RayClusterUnreachableError(
+            f"{method} {_without_credentials(self.dashboard_url)}{path} answered HTTP {status} on {tries} in "
+            f"{elapsed:.0f} s ({text.strip()[:200]}): the Ray dashboard, or a proxy in front of it, is restarting "
+            f"or overloaded. Try again later, or give the connection {self.ray_conn_id!r} more 'retries' or a "
+            "longer 'retry_max_wait_s'."
+        )
+
+    def request(self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any) -> requests.Response:
+        """Send an authenticated request to the dashboard; unreachable clusters raise one clear error.
+
+        An idempotent request (by its method, or ``idempotent=True`` for a POST that is safe to
+        repeat) that fails transiently is retried as the connection says
+        (:mod:`airflow_ray_ml.hooks.retry`); when every try failed, it raises
+        :class:`RayClusterUnreachableError` naming the URL and the tries. Other requests are sent once.
+        """
         headers = {**self.auth_headers(), **kwargs.pop("headers", {})}
-        response = self.send(method, f"{self.dashboard_url}{path}", headers=headers, **kwargs,
-                             unreachable=lambda detail: RayClusterUnreachableError(self.unreachable_message(detail)))
+        url = f"{self.dashboard_url}{path}"
+
+        def send() -> requests.Response:
+            return self._send_once(method, url, headers=headers, **kwargs)
+
+        started = time.monotonic()
+        try:
+            if is_idempotent(method, idempotent):
+                response = self.retry_policy.retrying(is_transient, self._log_retry(method, path))(send)
+            else:
+                response = send()
+        except tenacity.RetryError as exhausted:
+            raise self._exhausted(method, path, exhausted.last_attempt, started) from None
+        except requests.exceptions.RequestException as err:
+            raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
         return self.check_response(response)
 
-    async def a_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """Async twin of :meth:`request` (httpx)."""
+    async def a_request(self, method: str, path: str, *, idempotent: bool | None = None,
+                        **kwargs: Any) -> httpx.Response:
+        """Async twin of :meth:`request` (httpx), with the same retries (waiting without blocking the loop)."""
         await self._a_load_settings()
         headers = {**self.auth_headers(), **kwargs.pop("headers", {})}
-        try:
+        url = f"{self.dashboard_url}{path}"
+
+        async def send() -> httpx.Response:
             # A client per call: triggers call rarely (see a_tail_job_logs), and a client is bound
             # to the event loop that made it.
             async with httpx.AsyncClient(verify=self.verify_tls, timeout=self.timeout_s) as client:
-                response = await client.request(method, f"{self.dashboard_url}{path}", headers=headers, **kwargs)
+                return await client.request(method, url, headers=headers, **kwargs)
+
+        started = time.monotonic()
+        try:
+            if is_idempotent(method, idempotent):
+                response = await self.retry_policy.a_retrying(is_transient, self._log_retry(method, path))(send)
+            else:
+                response = await send()
+        except tenacity.RetryError as exhausted:
+            raise self._exhausted(method, path, exhausted.last_attempt, started) from None
         except httpx.HTTPError as err:
             raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
         return self.check_response(response)
@@ -470,11 +588,33 @@ class RayHook(BaseHook):
         ``resources``: what the entrypoint's process reserves (``entrypoint_num_cpus``,
         ``entrypoint_num_gpus``, ``entrypoint_memory``, ``entrypoint_resources``). Raises Ray's
         ``RuntimeError`` when the cluster refuses it, e.g. when ``submission_id`` already exists.
+
+        A submit that failed transiently is retried like an idempotent request: the submission id
+        makes it one. When a retry hears "already exists", an earlier try of this call reached Ray
+        (only its answer was lost): that job is this call's, and its id is returned.
         """
-        return self.get_job_client().submit_job(
-            entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env, metadata=metadata,
-            **resources,
-        )
+        client = self.get_job_client()
+        started = time.monotonic()
+        try:
+            for attempt in self.retry_policy.retrying(_is_transient_submit, self._log_retry("POST", JOBS_ENDPOINT)):
+                with attempt:
+                    try:
+                        # a copy per try: Ray's client swaps the runtime_env's local paths for package URIs
+                        return client.submit_job(
+                            entrypoint=entrypoint, submission_id=submission_id, runtime_env=copy.deepcopy(runtime_env),
+                            metadata=metadata, **resources,
+                        )
+                    except RuntimeError as err:
+                        if attempt.retry_state.attempt_number > 1 and "already exists" in str(err):
+                            self.log.info("Ray job %s was submitted by an earlier try whose answer was lost; "
+                                          "it is this submit's job", submission_id)
+                            return submission_id
+                        raise
+        except tenacity.RetryError as exhausted:
+            raise self._exhausted("POST", JOBS_ENDPOINT, exhausted.last_attempt, started) from None
+        except requests.exceptions.RequestException as err:
+            raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
+        raise AssertionError("unreachable: tenacity either returns an attempt's result or raises")
 
     def list_jobs(self) -> list[dict[str, Any]]:
         """Every job the cluster knows (submitted or driver jobs), as the Jobs API describes them."""
@@ -519,11 +659,17 @@ class RayHook(BaseHook):
         return bool(response.json().get("stopped"))
 
     def stop_job(self, submission_id: str) -> bool:
-        """Ask Ray to stop the job; False when it had already ended or does not exist."""
-        return self._stopped(submission_id, self.request("POST", _job_path(JOB_STOP_ENDPOINT, submission_id)))
+        """Ask Ray to stop the job; False when it had already ended or does not exist.
+
+        Retried like an idempotent call (stopping a stopped job changes nothing), so a retry whose
+        earlier try did stop the job answers False.
+        """
+        return self._stopped(submission_id, self.request("POST", _job_path(JOB_STOP_ENDPOINT, submission_id),
+                                                         idempotent=True))
 
     async def a_stop_job(self, submission_id: str) -> bool:
-        return self._stopped(submission_id, await self.a_request("POST", _job_path(JOB_STOP_ENDPOINT, submission_id)))
+        return self._stopped(submission_id, await self.a_request("POST", _job_path(JOB_STOP_ENDPOINT, submission_id),
+                                                                 idempotent=True))
 
     def _logs_of(self, submission_id: str, response: requests.Response | httpx.Response) -> str:
         if response.status_code == 404:
@@ -583,7 +729,9 @@ class RayHook(BaseHook):
             self._raise_for_auth(err.status, err.message)
             if err.status == 404:
                 raise RayOperatorError(f"Ray job {submission_id} does not exist at {self.dashboard_url}") from None
-            raise RayOperatorError(
+            # a proxy's or a restarting dashboard's answer: the caller reconnects, as after a dropped stream
+            error = RayClusterUnreachableError if err.status in TRANSIENT_STATUSES else RayOperatorError
+            raise error(
                 f"GET {self.dashboard_url}{path} (websocket) answered HTTP {err.status}: {err.message}"
             ) from None
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
@@ -636,7 +784,10 @@ class RayHook(BaseHook):
             )
 
     def put_serve_applications(self, config: dict[str, Any]) -> None:
-        """Apply a declarative Serve config (all applications) through the REST API."""
+        """Apply a declarative Serve config (all applications) through the REST API.
+
+        Retried like any PUT: the whole config is declared each time, so applying it twice is applying it once.
+        """
         self._check_serve_put(self.request("PUT", SERVE_APPLICATIONS_ENDPOINT, json=config))
 
     async def a_put_serve_applications(self, config: dict[str, Any]) -> None:

@@ -200,7 +200,7 @@ def load_serve(data: PageData) -> None:
 
     public_dashboard, public_serve = public_urls()
     try:
-        hook = RayHook(data.conn_id, timeout_s=5.0)
+        hook = RayHook(data.conn_id, timeout_s=5.0, retries=0)
         data.internal_dashboard_url = hook.dashboard_url
         data.dashboard_url = public_dashboard or hook.dashboard_url
         state = hook.get_serve_applications()
@@ -288,7 +288,7 @@ def load_job_statuses(data: PageData) -> None:
     if not data.jobs:
         return
     try:
-        hook = RayHook(data.conn_id, timeout_s=5.0)
+        hook = RayHook(data.conn_id, timeout_s=5.0, retries=0)
         for job in data.jobs:
             info = hook.get_job_info(job.submission_id)
             job.status = None if info is None else str(info.get("status"))
@@ -395,7 +395,7 @@ def job_detail(user: Any, submission_id: str, conn_id: str | None = None) -> tup
     data = PageData(conn_id=conn_id or ray_conn_id())
     detail: dict[str, Any] = {"info": None, "log_tail": "", "log_lines": 0, "error": None, "dashboard_url": None}
     try:
-        hook = RayHook(data.conn_id, timeout_s=10.0)
+        hook = RayHook(data.conn_id, timeout_s=10.0, retries=0)
         data.internal_dashboard_url = hook.dashboard_url
         data.dashboard_url = public_urls()[0] or hook.dashboard_url
         detail["dashboard_url"] = data.dashboard_url

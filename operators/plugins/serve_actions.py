@@ -99,7 +99,7 @@ def request_serve_action(user: Any, app_name: str, version: str | None, conn_id:
     if not _may_trigger(user, dag_id):  # before Ray is asked anything
         raise ServeActionError(403, _not_allowed(dag_id, app_name))
     try:
-        target, live, owner = check_servable(RayHook(conn_id or ray_conn_id(), timeout_s=10.0), app_name, version)
+        target, live, owner = check_servable(RayHook(conn_id or ray_conn_id(), timeout_s=10.0, retries=0), app_name, version)
     except ServeActionError:
         raise
     except Exception as err:  # Ray unreachable, bad token, unreadable history: say so

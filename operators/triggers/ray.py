@@ -24,8 +24,9 @@ class RayJobTrigger(BaseTrigger):
     "job_status", "message", "log_offset"}``: ``success`` when the job SUCCEEDED, ``error`` when
     it FAILED or was STOPPED, when the cluster could not be reached for ``max_unreachable_s``, or
     when anything else went wrong; ``log_offset`` is how many characters of the job's log were
-    logged here. Only primitives are serialised; the token is looked up again in the triggerer
-    from the connection.
+    logged here. Only primitives are serialised; the token and the retries of calls that failed
+    transiently (the connection's ``retries`` and ``retry_max_wait_s``) are looked up again in the
+    triggerer from the connection.
 
     When a user marks the deferred task failed or success, or clears it, :meth:`on_kill` stops
     the job. A triggerer that restarts, or whose trigger another triggerer takes over, leaves the

@@ -14,10 +14,12 @@ FAKE_CONN_ID = "ray_fake"
 @pytest.fixture
 def fake_jobs_api(monkeypatch, tmp_path):
     """A fake Ray dashboard on a free loopback port, reached through the connection ``ray_fake`` (with its
-    token and an artifact root of the test's own); stopped when the test ends."""
+    token, an artifact root of the test's own, and the default number of retries 10 ms apart); stopped
+    when the test ends."""
     with FakeJobsApi() as fake:
         monkeypatch.setenv(f"AIRFLOW_CONN_{FAKE_CONN_ID.upper()}", json.dumps({
             "conn_type": "ray_ml",
-            "extra": {"dashboard_url": fake.url, "auth_token": fake.token, "artifact_root": str(tmp_path / "artifacts")},
+            "extra": {"dashboard_url": fake.url, "auth_token": fake.token, "artifact_root": str(tmp_path / "artifacts"),
+                      "retry_max_wait_s": 0.01},
         }))
         yield fake

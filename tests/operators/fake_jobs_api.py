@@ -55,6 +55,8 @@ class Answer:
 
     :param delay_s: seconds to wait before answering (a slow dashboard, for client timeouts).
     :param drop: close the connection without answering (a dashboard that died mid-request).
+    :param forward: the request still does what it asks (a submit adds its job), but this is the
+        answer the client gets: a proxy that gave up while Ray took the request.
     """
 
     status: int = 200
@@ -62,6 +64,7 @@ class Answer:
     content_type: str = "application/json"
     delay_s: float = 0.0
     drop: bool = False
+    forward: bool = False
 
     @classmethod
     def recorded(cls, name: str, submission_id: str | None = None, **changes: Any) -> "Answer":
@@ -256,6 +259,8 @@ class FakeJobsApi:
                 answer = queue.popleft() if queue else None
                 if answer is None:
                     answer = self._default(request.method, request.path, body)
+                elif isinstance(answer, Answer) and answer.forward:
+                    self._default(request.method, request.path, body)
         if isinstance(answer, (Stream, _LiveTail)):
             return await self._stream(request, answer)
         return await self._answer(request, answer)

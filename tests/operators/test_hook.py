@@ -117,12 +117,13 @@ def _closed_port() -> int:
 
 def test_hook_unreachable_cluster_one_clear_sentence(monkeypatch):
     url = f"http://127.0.0.1:{_closed_port()}"
-    _set_conn(monkeypatch, "ray_down", dashboard_url=url)
+    _set_conn(monkeypatch, "ray_down", dashboard_url=url, retries=1, retry_max_wait_s=0.01)
     hook = RayHook("ray_down", timeout_s=2)
     with pytest.raises(RayClusterUnreachableError) as caught:
         hook.check_access()
     message = str(caught.value)
     assert url in message and "make run" in message and "'ray_down'" in message
+    assert "ConnectionError on GET /api/version, 2 tries in 0 s" in message
     assert caught.value.__cause__ is None and "Traceback" not in message
     ok, text = hook.test_connection()
     assert ok is False and url in text
@@ -180,10 +181,10 @@ def test_hook_slow_dashboard_times_out_as_unreachable(fake_jobs_api):
 
     fake_jobs_api.script("GET", "/api/version", Answer.recorded("version", delay_s=3),
                          Answer.recorded("version", delay_s=3))
-    hook = RayHook("ray_fake", timeout_s=0.5)
-    with pytest.raises(RayClusterUnreachableError, match=f"{fake_jobs_api.url} \\(ReadTimeout\\).*make run"):
+    hook = RayHook("ray_fake", timeout_s=0.5, retries=0)
+    with pytest.raises(RayClusterUnreachableError, match=f"{fake_jobs_api.url} \\(ReadTimeout on GET /api/version, 1 try.*make run"):
         hook.get_version()
-    with pytest.raises(RayClusterUnreachableError, match=f"{fake_jobs_api.url} \\(ReadTimeout\\)"):
+    with pytest.raises(RayClusterUnreachableError, match=f"{fake_jobs_api.url} \\(ReadTimeout on GET /api/version, 1 try"):
         asyncio.run(hook.a_get_version())
 
 
@@ -193,7 +194,7 @@ def test_hook_dashboard_dying_mid_request_is_unreachable(fake_jobs_api):
     fake_jobs_api.add_job("job-1")
     fake_jobs_api.script("GET", "/api/jobs/job-1", Answer(drop=True))
     with pytest.raises(RayClusterUnreachableError, match="Cannot reach the Ray cluster"):
-        RayHook("ray_fake").get_job_status("job-1")
+        RayHook("ray_fake", retries=0).get_job_status("job-1")
     assert RayHook("ray_fake").get_job_status("job-1").value == "RUNNING"  # the next answer is the job's
 
 
@@ -202,19 +203,20 @@ def test_hook_error_answers_name_the_call_status_and_body(fake_jobs_api):
 
     fake_jobs_api.add_job("job-1")
     traceback = "Traceback (most recent call last):\n" + "".join(f"  frame {i}\n" for i in range(20)) + "KeyError: 'x'\n"
-    fake_jobs_api.script("GET", "/api/jobs/job-1", error(503, "overloaded"))
+    # 500s: a 502, 503 or 504 is retried (tests/operators/hooks/test_retry.py)
+    fake_jobs_api.script("GET", "/api/jobs/job-1", error(500, "overloaded"))
     fake_jobs_api.script("GET", "/api/jobs/job-1/logs", error(500, traceback))
     fake_jobs_api.script("POST", "/api/jobs/job-1/stop", error(500, "stop failed"))
-    fake_jobs_api.script("GET", "/api/v0/nodes", error(502, "bad gateway"))
+    fake_jobs_api.script("GET", "/api/v0/nodes", error(500, "state api down"))
     hook = RayHook("ray_fake")
-    with pytest.raises(RayOperatorError, match="answered HTTP 503 for job job-1: overloaded"):
+    with pytest.raises(RayOperatorError, match="answered HTTP 500 for job job-1: overloaded"):
         hook.get_job_info("job-1")
     with pytest.raises(RayOperatorError, match="(?s)did not return the log of job job-1 \\(HTTP 500: .*KeyError: 'x'\\)") as caught:
         hook.get_job_logs("job-1")
     assert "frame 3" not in str(caught.value)  # the traceback's end, not all of it
     with pytest.raises(RayOperatorError, match="did not stop job job-1 \\(HTTP 500: stop failed\\)"):
         hook.stop_job("job-1")
-    with pytest.raises(RayOperatorError, match=f"GET {fake_jobs_api.url}/api/v0/nodes answered HTTP 502: bad gateway"):
+    with pytest.raises(RayOperatorError, match=f"GET {fake_jobs_api.url}/api/v0/nodes answered HTTP 500: state api down"):
         hook.get_nodes()
 
 
@@ -360,7 +362,8 @@ def test_tail_refused_with_another_status_names_it(fake_jobs_api):
 
     fake_jobs_api.add_job("job-1")
     fake_jobs_api.script("GET", "/api/jobs/job-1/logs/tail", error(502, "bad gateway"))
-    with pytest.raises(RayOperatorError, match=r"/api/jobs/job-1/logs/tail \(websocket\) answered HTTP 502"):
+    # a proxy's 502: unreachable, so the follower reconnects (RayJobOperator.wait, RayJobTrigger.run)
+    with pytest.raises(RayClusterUnreachableError, match=r"/api/jobs/job-1/logs/tail \(websocket\) answered HTTP 502"):
         list(RayHook("ray_fake").tail_job_logs("job-1"))
 
 
