@@ -11,7 +11,7 @@ import time
 import pytest
 
 from airflow_ray_ml import get_provider_info
-from airflow_ray_ml.errors import RayClusterUnreachableError, RayConnectionSettingError, RayOperatorError
+from airflow_ray_ml.errors import RayClusterUnreachableError, RayConnectionSettingError, RayOperatorError, RayTLSError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.hooks.retry import RetryPolicy
 from tests.operators.fake_jobs_api import Answer, error
@@ -24,7 +24,7 @@ def _declared_default(name: str):
 
 def test_retry_settings_unset_take_the_connection_fields_declared_defaults(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_RAY_PLAIN", json.dumps(
-        {"conn_type": "ray", "extra": {"dashboard_url": "http://127.0.0.1:8265"}}))
+        {"conn_type": "ray_ml", "extra": {"dashboard_url": "http://127.0.0.1:8265"}}))
     policy = RayHook("ray_plain").retry_policy
     assert policy == RetryPolicy(_declared_default("retries"), _declared_default("retry_max_wait_s"))
     assert policy.tries == policy.retries + 1 > 1  # the default retries
@@ -41,7 +41,7 @@ def test_retry_settings_invalid_fail_at_once_naming_the_field(monkeypatch, extra
     from airflow.sdk.exceptions import AirflowFailException
 
     monkeypatch.setenv("AIRFLOW_CONN_RAY_BAD", json.dumps(
-        {"conn_type": "ray", "extra": {"dashboard_url": "http://127.0.0.1:8265", **extra}}))
+        {"conn_type": "ray_ml", "extra": {"dashboard_url": "http://127.0.0.1:8265", **extra}}))
     with pytest.raises(RayConnectionSettingError, match=f"'ray_bad': {named}") as caught:
         RayHook("ray_bad").get_version()
     assert isinstance(caught.value, AirflowFailException)  # another try reads the same connection
@@ -128,9 +128,9 @@ def test_tls_and_client_errors_are_not_retried(fake_jobs_api):
     https = fake_jobs_api.url.replace("http://", "https://")  # a TLS handshake with a plain HTTP server fails
     fake_jobs_api.requests.clear()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIRFLOW_CONN_RAY_TLS", json.dumps({"conn_type": "ray", "extra": {
+        patch.setenv("AIRFLOW_CONN_RAY_TLS", json.dumps({"conn_type": "ray_ml", "extra": {
             "dashboard_url": https, "auth_token": fake_jobs_api.token, "retry_max_wait_s": 0.01}}))
-        with pytest.raises(RayClusterUnreachableError, match=r"\(SSLError\): start"):  # once, not "N tries"
+        with pytest.raises(RayTLSError, match=r"TLS verification of https://\S+/api/version failed"):  # once, no "N tries"
             RayHook("ray_tls").get_version()
     assert fake_jobs_api.requests == []
 
@@ -141,7 +141,7 @@ def test_exhausted_retries_message_leaves_out_credentials_in_the_url(monkeypatch
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    monkeypatch.setenv("AIRFLOW_CONN_RAY_USERINFO", json.dumps({"conn_type": "ray", "extra": {
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_USERINFO", json.dumps({"conn_type": "ray_ml", "extra": {
         "dashboard_url": f"http://admin:s3cret@127.0.0.1:{port}", "retries": 1, "retry_max_wait_s": 0.01}}))
     with pytest.raises(RayClusterUnreachableError) as caught:
         RayHook("ray_userinfo").get_version()
