@@ -70,7 +70,7 @@ def test_wait_logs_each_line_as_the_job_writes_it(fake_jobs_api):
 
 def _submitted_deferrable(fake, task_id: str, **kwargs) -> tuple[RayJobOperator, dict, str]:
     """A deferrable operator that submitted its job to the fake Jobs API and deferred: ``(operator, context, job)``."""
-    from airflow.sdk.exceptions import TaskDeferred
+    from airflow_ray_ml.compat import TaskDeferred
 
     operator = RayJobOperator(task_id=task_id, stage="generate", spec={"rows": 400_000, "seed": 3},
                               ray_conn_id="ray_fake", deferrable=True, **kwargs)
