@@ -273,8 +273,7 @@ with DAG(
 
     @task(doc_md="The search space from the Params form, or the `search_space` Param as given.")
     def search_space(params: dict | None = None) -> dict:
-        from airflow.sdk.exceptions import AirflowFailException
-
+        from airflow_ray_ml.compat import AirflowFailException
         from airflow_ray_ml_stages.errors import SpecError
         from airflow_ray_ml_stages.search_space import SearchSpace, default_search_space
 

@@ -1,6 +1,6 @@
 """Errors raised by the Airflow side. Each message says what to do about it."""
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow_ray_ml.compat import AirflowFailException
 
 
 class RayOperatorError(Exception):

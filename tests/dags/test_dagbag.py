@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, dag_bag
 
 
 def _bag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(ROOT / "dags"))
+    return dag_bag(ROOT / "dags")
 
 
 def test_dagbag_has_no_import_errors():

@@ -46,7 +46,10 @@ def _samples(params: dict[str, Any], files: list[str], space: dict[str, Any]) ->
 def trigger_params(dag, conf: dict[str, Any]) -> dict[str, Any]:
     """The run's Params as the api-server resolves them when the run is triggered (its serialized DAG's
     Params merged with ``conf``); ``ParamValidationError`` where the trigger refuses the conf."""
-    from airflow.serialization.serialized_objects import DagSerialization
+    try:
+        from airflow.serialization.serialized_objects import DagSerialization
+    except ImportError:  # Airflow 3.1 names it SerializedDAG
+        from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
 
     if dag.dag_id not in _SERVED:
         _SERVED[dag.dag_id] = DagSerialization.from_dict(DagSerialization.to_dict(dag))

@@ -24,7 +24,7 @@ class _TI:
 
 
 def test_invalid_spec_fails_in_airflow_before_any_job_without_retries(tmp_path):
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_ray_ml.compat import AirflowFailException
 
     operator = _operator(stage="generate", spec={"rows": 1}, artifact_root=str(tmp_path))
     with pytest.raises(RayOperatorError, match="invalid generate spec.*rows must be an integer >= 2, got 1") as caught:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_wait_logs_each_line_as_the_job_writes_it(fake_jobs_api):
 
 def _submitted_deferrable(fake, task_id: str, **kwargs) -> tuple[RayJobOperator, dict, str]:
     """A deferrable operator that submitted its job to the fake Jobs API and deferred: ``(operator, context, job)``."""
-    from airflow.sdk.exceptions import TaskDeferred
+    from airflow_ray_ml.compat import TaskDeferred
 
     operator = RayJobOperator(task_id=task_id, stage="generate", spec={"rows": 400_000, "seed": 3},
                               ray_conn_id="ray_fake", deferrable=True, **kwargs)
@@ -93,7 +94,9 @@ def test_deferral_timeout_stops_the_job(fake_jobs_api):
 
     operator, context, deferred = _submitted_deferrable(fake_jobs_api, "slow", job_timeout_s=5)
     job = operator.base_submission_id(context)
-    assert deferred.timeout == 5  # job_timeout_s bounds the deferral
+    # job_timeout_s bounds the deferral (Airflow 3.1 keeps it as a timedelta, 3.2 and newer as seconds)
+    timeout = deferred.timeout
+    assert (timeout.total_seconds() if isinstance(timeout, timedelta) else timeout) == 5
     # what the task runs when the scheduler found the deferral timed out
     with pytest.raises(RayJobTimeoutError, match=f"{job} did not finish within job_timeout_s=5 s and was stopped"):
         operator.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT.value}, context)

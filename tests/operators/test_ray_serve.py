@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowFailException
+from airflow_ray_ml.compat import AirflowFailException
 
 from airflow_ray_ml.errors import InvalidSpecError, ServeAppOwnershipError
 from airflow_ray_ml.hooks.ray import RayHook

@@ -110,7 +110,8 @@ def test_call_arguments_travel_as_json_beside_the_functions_module():
 
 
 def test_parsing_the_task_ray_dag_imports_no_ray():
-    code = ("import sys\nfrom airflow.dag_processing.dagbag import DagBag\n"
+    code = ("import sys\ntry:\n    from airflow.dag_processing.dagbag import DagBag\n"
+            "except ImportError:\n    from airflow.models.dagbag import DagBag  # Airflow 3.1\n"
             f"bag = DagBag(dag_folder={str(ROOT / 'tests' / 'dag_fixtures' / 'task_ray_dags.py')!r})\n"
             "assert not bag.import_errors and 'task_ray' in bag.dags, bag.import_errors\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
