@@ -96,9 +96,10 @@ def wine_regression(airflow_db, ray_conn, tmp_path_factory):
                            endpoint=endpoint, answer=answer, card=card, kept=kept, served_after=served_after)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def own_serve_apps():
-    """The names of the Serve applications a test deploys; they are deleted when it ends."""
+    """The names of the Serve applications a module's tests deploy; they are deleted together when
+    the module ends (each deletion waits for its replicas to stop: one wait, not one a test)."""
     names: set[str] = set()
     yield names
     _delete_serve_applications(names)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import requests
 
-from tests.conftest import ROOT, _delete_serve_applications, allow_sources, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag
 from tests.dags.wine_runs import ONE_TRIAL, ROW, states
 from tests.operators.test_ray_job import _xcom
 
@@ -53,11 +53,11 @@ def _check_classifier_run(dag_run, classes: list) -> dict:
 
 
 @pytest.fixture(scope="module")
-def grades_run(airflow_db, ray_conn):
+def grades_run(airflow_db, ray_conn, own_serve_apps):
     """The classification pipeline end to end, once; its application serves the module's tests."""
-    yield _run(datetime(2026, 5, 1, tzinfo=timezone.utc), **SMALL, serve_app="wine-grades",
-               serve_route="/wine-grades")
-    _delete_serve_applications({"wine-grades"})
+    own_serve_apps.add("wine-grades")
+    return _run(datetime(2026, 5, 1, tzinfo=timezone.utc), **SMALL, serve_app="wine-grades",
+                serve_route="/wine-grades")
 
 
 def test_wine_grades_as_classes_are_served_with_their_probabilities(grades_run):
