@@ -26,22 +26,17 @@ import requests
 
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import ROOT, load_dag
-from tests.dags.test_wine_pipeline import ONE_TRIAL, ROW
+from tests.dags.wine_runs import ONE_TRIAL, ROW, WORSE, states
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 
 STORAGE_CONN = "rayml_test_s3"
-WORSE = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
-
-
-def _states(dag_run) -> dict[str, str]:
-    return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
 
 
 def _run(dag_id: str, when: datetime, **conf):
     dag_run = load_dag(dag_id, ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
-    assert dag_run.state == "success", _states(dag_run)
+    assert dag_run.state == "success", states(dag_run)
     return dag_run
 
 
@@ -110,10 +105,12 @@ def _health(endpoint: str) -> str:
 def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s3_server, s3_cluster, capfd):
     from airflow_ray_ml.hooks.ray import RayHook
 
-    # 1. a weak first model (nothing is served yet, so it is promoted), trained on both nodes
+    # 1. a weak first model (nothing is served yet, so it is promoted), trained on both nodes: one
+    #    training worker on each (the suite's only multi-node training run)
     first = _run("wine_quality_pipeline", datetime(2026, 6, 1, tzinfo=timezone.utc),
                  **{**ONE_TRIAL, "search_space": WORSE, "train_workers": 2, "placement_strategy": "STRICT_SPREAD"})
     used = _xcom(first, "train")["compute_used"]
+    assert used["num_workers"] == 2 and used["placement_strategy"] == "STRICT_SPREAD"
     assert set(used["worker_nodes"]) == {node["node_id"] for node in s3_cluster.nodes()}
     first_version = _xcom(first, "train")["model_version"]
     endpoint = _xcom(first, "deploy", key="serve_endpoint")["endpoint"]

@@ -13,15 +13,16 @@ import pandas as pd
 import pytest
 import requests
 
-from tests.conftest import ROOT, allow_sources, load_dag, serve_apps_deleted_after_module
-from tests.dags.test_wine_pipeline import ROW, _states
+from tests.conftest import ROOT, allow_sources, load_dag
+from tests.dags.wine_runs import ONE_TRIAL, ROW, states
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = pytest.mark.integration
-delete_own_serve_apps = serve_apps_deleted_after_module("wine-grades", "good-wine", "churn")
 
+# the grades' run: a short search over both families; the binary runs test the labels, not the search
 SMALL = {"demo_rows": 1500, "demo_seed": 3, "num_trials": 2, "max_epochs": 3, "num_boost_round": 40,
          "task": "classification"}
+BINARY = {**ONE_TRIAL, "demo_seed": 3, "task": "classification"}
 
 
 def _run(when: datetime, **conf):
@@ -36,7 +37,7 @@ def _predict(endpoint: str, rows: list[dict]) -> dict:
 
 def _check_classifier_run(dag_run, classes: list) -> dict:
     """The run's hand-offs of a classification: classes, the log-loss search, a model better than the class shares."""
-    assert dag_run.state == "success", _states(dag_run)
+    assert dag_run.state == "success", states(dag_run)
     preprocessed = _xcom(dag_run, "preprocess")
     assert preprocessed["task"] == "classification" and preprocessed["classes"] == classes
     tuned = _xcom(dag_run, "tune")
@@ -52,7 +53,9 @@ def _check_classifier_run(dag_run, classes: list) -> dict:
 
 
 @pytest.fixture(scope="module")
-def grades_run(airflow_db, ray_conn):
+def grades_run(airflow_db, ray_conn, own_serve_apps):
+    """The classification pipeline end to end, once; its application serves the module's tests."""
+    own_serve_apps.add("wine-grades")
     return _run(datetime(2026, 5, 1, tzinfo=timezone.utc), **SMALL, serve_app="wine-grades",
                 serve_route="/wine-grades")
 
@@ -72,7 +75,7 @@ def test_batch_scoring_writes_the_class_and_each_class_probability(grades_run):
     when = datetime(2026, 5, 2, tzinfo=timezone.utc)
     dag_run = load_dag("wine_batch_scoring", ROOT / "dags").test(
         logical_date=when, run_after=when, run_conf={"new_rows": 300, "serve_app": "wine-grades"})
-    assert dag_run.state == "success", _states(dag_run)
+    assert dag_run.state == "success", states(dag_run)
     result = _xcom(dag_run, "score")
     assert result["rows"] == 300 and sum(result["predictions"].values()) == 300
     scored = pd.concat([pd.read_csv(f) for f in sorted(glob.glob(os.path.join(result["output_uri"], "*.csv")))])
@@ -82,8 +85,9 @@ def test_batch_scoring_writes_the_class_and_each_class_probability(grades_run):
     assert (scored["predicted_quality"].to_numpy() == chosen).all()
 
 
-def test_good_wine_is_a_binary_classification(airflow_db, ray_conn):
-    dag_run = _run(datetime(2026, 5, 3, tzinfo=timezone.utc), **SMALL, label_threshold=7, serve_app="good-wine",
+def test_good_wine_is_a_binary_classification(airflow_db, ray_conn, own_serve_apps):
+    own_serve_apps.add("good-wine")
+    dag_run = _run(datetime(2026, 5, 3, tzinfo=timezone.utc), **BINARY, label_threshold=7, serve_app="good-wine",
                    serve_route="/good-wine")
     deployed = _check_classifier_run(dag_run, [0, 1])
     answer = _predict(deployed["endpoint"], [ROW])
@@ -103,13 +107,14 @@ def churn_table(rows: int, seed: int) -> pd.DataFrame:
 
 
 def test_a_table_that_is_not_wine_with_a_text_label_runs_to_a_served_classifier(airflow_db, ray_conn, tmp_path,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, own_serve_apps):
+    own_serve_apps.add("churn")
     allow_sources(monkeypatch, tmp_path)  # the table's folder, as an admin widens the allowed sources
     path = tmp_path / "customers.csv"
     table = churn_table(1200, seed=4)
     table.to_csv(path, index=False)
     dag_run = _run(datetime(2026, 5, 4, tzinfo=timezone.utc), source=[str(path)], label_column="churned",
-                   task="classification", num_trials=2, max_epochs=3, num_boost_round=40, serve_app="churn",
+                   task="classification", num_trials=1, families=["xgboost"], num_boost_round=40, serve_app="churn",
                    serve_route="/churn")
     deployed = _check_classifier_run(dag_run, ["no", "yes"])
     preprocessed = _xcom(dag_run, "preprocess")

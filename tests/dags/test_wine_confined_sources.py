@@ -1,9 +1,10 @@
 """The wine DAG confines the files a run's conf names: dag.test() runs on the real test cluster.
 
 A run whose ``source`` lies outside the allowed sources fails at ``data_files``, before any Ray
-job exists for it, and nothing of the file reaches a log; a file under the artifact root's
-``data`` folder runs, and ``allowed_sources`` widens the roots. Only the tasks up to
-``preprocess`` run: the rest of the DAG is marked successful (dag.test's ``mark_success_pattern``).
+job exists for it, and nothing of the file reaches a log; ``allowed_sources`` widens the roots, and
+a file under the artifact root's ``data`` folder runs beside one under the widened root. Only the
+tasks up to ``preprocess`` run: the rest of the DAG is marked successful (dag.test's
+``mark_success_pattern``).
 """
 
 from __future__ import annotations
@@ -114,18 +115,14 @@ def test_wine_source_outside_the_allowed_sources_is_refused_before_any_job_and_n
     assert secret_server[1] == []  # the URL was never asked for
 
 
-def test_wine_source_under_the_artifact_roots_data_folder_runs(airflow_db, ray_conn, artifact_root):
-    source = _write_table(Path(artifact_root) / "data" / "confine" / "rent.csv")
-    dag_run = _run(5, source=[source], label_column="rent", deploy=False)
-    assert _states(dag_run)["preprocess"] == "success", _states(dag_run)
-    assert _xcom(dag_run, "preprocess")["rows_read"] == 400
-
-
-def test_wine_allowed_sources_setting_widens_the_roots(airflow_db, ray_conn, tmp_path, monkeypatch):
-    source = _write_table(tmp_path / "flats" / "rent.csv")
-    refused = _run(6, source=[source], label_column="rent", deploy=False)
+def test_wine_allowed_sources_setting_widens_the_roots_beside_the_artifact_roots_data_folder(
+        airflow_db, ray_conn, artifact_root, tmp_path, monkeypatch):
+    under_root = _write_table(Path(artifact_root) / "data" / "confine" / "rent.csv")
+    elsewhere = _write_table(tmp_path / "flats" / "flats.csv")
+    refused = _run(6, source=[under_root, elsewhere], label_column="rent", deploy=False)
     assert _states(refused)["data_files"] == "failed" and _jobs_of_run(refused.run_id) == []
     allow_sources(monkeypatch, tmp_path / "flats")
-    widened = _run(7, source=[source], label_column="rent", deploy=False)
+    # one run reads both: the artifact root's data folder stays allowed when the setting adds a root
+    widened = _run(7, source=[under_root, elsewhere], label_column="rent", deploy=False)
     assert _states(widened)["preprocess"] == "success", _states(widened)
-    assert _xcom(widened, "preprocess")["rows_read"] == 400
+    assert _xcom(widened, "preprocess")["rows_read"] == 800

@@ -1,9 +1,13 @@
-"""The wine DAGs end to end through dag.test() on real local Ray clusters, ending in real HTTP calls."""
+"""The wine DAGs end to end through dag.test() on the session's Ray cluster, ending in real HTTP calls.
+
+The regression pipeline, its batch scoring and a second run that the gate keeps out run once
+(``wine_regression``, tests/dags/conftest.py); each test here asserts one behaviour from them. A
+run on another table is a run of its own. The pipeline on two nodes: test_s3_pipeline.py.
+"""
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 from datetime import datetime, timezone
 
@@ -15,57 +19,20 @@ from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.serve_apps import app_model_version
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
-from tests.conftest import ROOT, allow_sources, extra_cluster, load_dag, serve_apps_deleted_after_module
+from tests.conftest import ROOT, allow_sources, load_dag
+from tests.dags.wine_runs import ROW, asset_events, run_dag, serve_url, states
 from tests.operators.test_ray_job import _xcom
 from tests.scripts.test_stack import write_rent_table
 
 pytestmark = pytest.mark.integration
-delete_own_serve_apps = serve_apps_deleted_after_module("wine-quality", "monthly-rent")
-
-ROW = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "residual sugar": 20.7,
-       "chlorides": 0.045, "free sulfur dioxide": 45.0, "total sulfur dioxide": 170.0, "density": 1.001,
-       "pH": 3.0, "sulphates": 0.45, "alcohol": 8.8, "type": "white"}
-# small settings: a short search over both families and both scalers
-SMALL = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 3, "max_epochs": 2, "num_boost_round": 40}
-# what the two-node and the kept-champion runs need of the search: one quick XGBoost trial
-ONE_TRIAL = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 1, "families": ["xgboost"], "num_boost_round": 40}
 
 
-def _run(dag_id: str, when: datetime, **conf):
-    return load_dag(dag_id, ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
-
-
-def _states(dag_run) -> dict[str, str]:
-    return {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
-
-
-def _asset_events(name: str) -> list[dict]:
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-                .filter(AssetModel.name == name).order_by(AssetEvent.id).all())
-        return [dict(row.extra or {}) for row in rows]
-
-
-def _serve_url() -> str:
-    return json.loads(os.environ["AIRFLOW_CONN_RAY_DEFAULT"])["extra"]["serve_url"]
-
-
-@pytest.fixture(scope="module")
-def first_run(airflow_db, ray_conn):
-    """The module's first pipeline run: its model is the champion that the later runs meet, whichever
-    of these tests runs first."""
-    return _run("wine_quality_pipeline", datetime(2026, 4, 1, tzinfo=timezone.utc), **SMALL, require_gpu=False)
-
-
-def test_wine_dag_runs_with_small_params(first_run):
+def test_wine_dag_runs_with_small_params(wine_regression):
     # Five operators handing on XComArgs, Params as text: no native rendering, and a templated
     # require_gpu that renders as "False" (truthy as text) must let the CPU-only cluster through.
     assert not load_dag("wine_quality_pipeline", ROOT / "dags").render_template_as_native_obj
-    dag_run = first_run
-    assert dag_run.state == "success", _states(dag_run)
+    dag_run = wine_regression.pipeline
+    assert dag_run.state == "success", dag_run.states
     compute = ComputeSpec.from_dict(_xcom(dag_run, "probe"))
     assert compute.use_gpu is False
     data = _xcom(dag_run, "demo_data")
@@ -88,87 +55,50 @@ def test_wine_dag_runs_with_small_params(first_run):
     assert model["compute_used"]["device_reason"].startswith("CPU: the probe found no usable GPU")
     deployed = _xcom(dag_run, "deploy")
     assert deployed["action"] == "promoted" and deployed["model_version"] == model["model_version"]
-    answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [ROW]}, timeout=30)
+    assert deployed["endpoint"] == wine_regression.endpoint  # the Deploy Params as they start: /wine
+    answer = wine_regression.answer
     assert answer.status_code == 200
     assert answer.json()["model_version"] == model["model_version"]
     assert 3 <= answer.json()["predictions"][0] <= 9
     # the promotion is an event of the model Asset, carrying the model's URI and test metrics
-    (event,) = [e for e in _asset_events("wine_quality_model") if e.get("model_version") == model["model_version"]]
-    assert event["model_version"] == model["model_version"] and event["model_dir"] == model["model_dir"]
+    (event,) = [e for e in asset_events("wine_quality_model") if e.get("model_version") == model["model_version"]]
+    assert event["model_dir"] == model["model_dir"]
     assert event["metrics"] == pytest.approx(model["metrics"]["test"])
 
 
-def test_second_run_with_a_worse_model_keeps_the_champion(first_run):
-    served = requests.get(f"{_serve_url()}/wine/health", timeout=10).json()["model_version"]
-    events_before = len(_asset_events("wine_quality_model"))
-    # a deliberately worse search: one trial of one shallow boosting round on the same data
-    worse = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
-    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 2, tzinfo=timezone.utc),
-                   **{**ONE_TRIAL, "search_space": worse})
-    states = _states(dag_run)
-    assert states["train"] == "success" and states["deploy"] == "skipped", states
+def test_wine_run_with_a_worse_model_on_other_data_keeps_the_champion_scored_live(wine_regression):
+    champion, card = _xcom(wine_regression.pipeline, "train"), wine_regression.card
+    assert card["model_version"] == champion["model_version"]
+    dag_run = wine_regression.kept
+    run_states = states(dag_run)
+    assert run_states["train"] == "success" and run_states["deploy"] == "skipped", run_states
+    assert _xcom(dag_run, "preprocess")["fingerprint"] != card["data_fingerprint"]  # other data
     decision = _xcom(dag_run, "deploy", key="decision")
-    assert decision["action"] == "kept_champion" and decision["champion_version"] == served
-    assert decision["challenger"] > decision["champion"]
-    health = requests.get(f"{_xcom(dag_run, 'deploy', key='serve_endpoint')['endpoint']}/health", timeout=10)
-    assert health.json()["model_version"] == served
-    assert len(_asset_events("wine_quality_model")) == events_before  # no event: scoring does not rerun
+    assert decision["action"] == "kept_champion" and decision["champion_version"] == champion["model_version"]
+    # the champion's metric was measured over HTTP on this run's test split, not read from its card
+    assert decision["champion"] != pytest.approx(card["metrics"]["test"]["rmse"], abs=1e-9)
+    assert 0.3 < decision["champion"] < decision["challenger"]
+    assert _xcom(dag_run, "deploy", key="serve_endpoint")["endpoint"] == wine_regression.endpoint
+    assert wine_regression.served_after == champion["model_version"]
+    # no Asset event, so scoring does not rerun
+    challenger = _xcom(dag_run, "train")["model_version"]
+    assert [e for e in asset_events("wine_quality_model") if e.get("model_version") == challenger] == []
 
 
-def test_batch_scoring_dag_scores_new_wines_with_the_served_model(first_run):
-    served = requests.get(f"{_serve_url()}/wine/health", timeout=10).json()["model_version"]
-    dag_run = _run("wine_batch_scoring", datetime(2026, 4, 3, tzinfo=timezone.utc), new_rows=400)
-    assert dag_run.state == "success", _states(dag_run)
+def test_batch_scoring_dag_scores_new_wines_with_the_served_model(wine_regression):
+    dag_run = wine_regression.scoring
+    assert dag_run.state == "success", dag_run.states
     result = _xcom(dag_run, "score")
     new_wines = _xcom(dag_run, "new_wines")["data_uris"][0]
     assert os.path.dirname(result["output_uri"]) == os.path.dirname(new_wines)
-    assert result["model_version"] == served and result["rows"] == 400
+    assert result["model_version"] == wine_regression.card["model_version"] and result["rows"] == 400
     scored = pd.concat([pd.read_csv(f) for f in sorted(glob.glob(os.path.join(result["output_uri"], "*.csv")))])
     assert len(scored) == 400 and scored["predicted_quality"].between(0, 10).all()
     assert "quality" not in scored.columns
 
 
-def test_a_champion_from_other_data_is_scored_live_on_the_new_test_split(first_run):
-    card = requests.get(f"{_serve_url()}/wine/metadata", timeout=10).json()
-    # other data (another demo seed: another fingerprint), and a deliberately worse search again
-    worse = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
-    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 5, tzinfo=timezone.utc),
-                   **{**ONE_TRIAL, "demo_seed": 2, "search_space": worse})
-    states = _states(dag_run)
-    assert states["deploy"] == "skipped", states
-    assert _xcom(dag_run, "preprocess")["fingerprint"] != card["data_fingerprint"]
-    decision = _xcom(dag_run, "deploy", key="decision")
-    assert decision["champion_version"] == card["model_version"]
-    # the champion's metric was measured over HTTP on this run's test split, not read from its card
-    assert decision["champion"] != pytest.approx(card["metrics"]["test"]["rmse"], abs=1e-9)
-    assert 0.3 < decision["champion"] < decision["challenger"]
-
-
-def test_wine_dag_on_a_two_node_cluster_trains_across_both_nodes(airflow_db, ray_conn, monkeypatch, tmp_path):
-    from scripts.localcluster import free_port
-
-    with extra_cluster("ray_two_node", num_cpus=2) as cluster:
-        cluster.add_node(num_cpus=2, num_gpus=0)
-        node_ids = {node["node_id"] for node in cluster.nodes()}
-        assert len(node_ids) == 2
-        monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({
-            "conn_type": "ray_ml",
-            "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
-                      "artifact_root": str(tmp_path), "serve_url": f"http://127.0.0.1:{free_port()}"},
-        }))
-        dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 4, tzinfo=timezone.utc),
-                       **{**ONE_TRIAL, "train_workers": 2, "placement_strategy": "STRICT_SPREAD"})
-        assert dag_run.state == "success", _states(dag_run)
-        used = _xcom(dag_run, "train")["compute_used"]
-        assert used["num_workers"] == 2 and used["placement_strategy"] == "STRICT_SPREAD"
-        assert set(used["worker_nodes"]) == node_ids  # one training worker on each node
-        deployed = _xcom(dag_run, "deploy")
-        answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [ROW]}, timeout=30)
-        assert answer.status_code == 200
-
-
 def test_wine_form_run_on_another_label_with_default_deploy_fields_serves_under_the_label_name(
-        airflow_db, ray_conn, tmp_path, monkeypatch):
+        airflow_db, ray_conn, tmp_path, monkeypatch, own_serve_apps):
     table = pd.read_csv(write_rent_table(tmp_path / "rent.csv", rows=800))
     source = tmp_path / "flats.csv"
     allow_sources(monkeypatch, tmp_path)  # the table's folder, as an admin widens the allowed sources
@@ -179,11 +109,12 @@ def test_wine_form_run_on_another_label_with_default_deploy_fields_serves_under_
             "label_column": "Monthly Rent", "families": ["xgboost"], "num_trials": 1, "num_boost_round": 40,
             "serve_app": ""}
     assert conf["serve_route"] is None and conf["on_schema_change"] == "promote"
-    dag_run = _run("wine_quality_pipeline", datetime(2026, 4, 9, tzinfo=timezone.utc), **conf)
-    assert dag_run.state == "success", _states(dag_run)
+    own_serve_apps.add("monthly-rent")
+    dag_run = run_dag("wine_quality_pipeline", datetime(2026, 4, 9, tzinfo=timezone.utc), **conf)
+    assert dag_run.state == "success", states(dag_run)
 
     deployed = _xcom(dag_run, "deploy")
-    assert deployed["action"] == "promoted" and deployed["endpoint"] == f"{_serve_url()}/monthly-rent"
+    assert deployed["action"] == "promoted" and deployed["endpoint"] == f"{serve_url()}/monthly-rent"
     applications = RayHook().get_serve_applications()["applications"]
     assert applications["monthly-rent"]["deployed_app_config"]["route_prefix"] == "/monthly-rent"
     wine = (applications.get("wine-quality") or {}).get("deployed_app_config")

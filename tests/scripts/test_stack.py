@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import requests
 
-from tests.conftest import ROOT, allow_sources, load_dag
+from tests.conftest import ROOT, allow_sources, load_dag, serve_apps_deleted_after_module
 from tests.operators.test_ray_job import _xcom
 
 _SPEC = importlib.util.spec_from_file_location("stack", ROOT / "scripts" / "stack.py")
