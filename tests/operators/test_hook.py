@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import structlog
 
 from airflow_ray_ml.errors import RayAuthError, RayClusterUnreachableError, RayOperatorError
 from airflow_ray_ml.hooks.ray import RayHook, normalise_dashboard_url, resolve_token
+from scripts.localcluster import free_port
 from tests.operators.fake_jobs_api import recorded
 
 
@@ -109,14 +109,8 @@ def test_hook_default_connection_missing_uses_local_cluster(monkeypatch):
     assert RayHook().dashboard_url == "http://127.0.0.1:18265"
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_hook_unreachable_cluster_one_clear_sentence(monkeypatch):
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     _set_conn(monkeypatch, "ray_down", dashboard_url=url, retries=1, retry_max_wait_s=0.01)
     hook = RayHook("ray_down", timeout_s=2)
     with pytest.raises(RayClusterUnreachableError) as caught:

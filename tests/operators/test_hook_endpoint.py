@@ -10,7 +10,6 @@ import ast
 import datetime
 import ipaddress
 import json
-import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from airflow_ray_ml.errors import RayOperatorError, RayTLSError, ServeUnreachabl
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.serve_gate import champion_metric
 from airflow_ray_ml.serve_schema import ModelSchema
+from scripts.localcluster import free_port
 from tests.conftest import ROOT
 
 PREFIX = "/tls-app"
@@ -179,14 +179,8 @@ def test_champion_metric_verify_tls_decides_before_any_row(monkeypatch, https_en
     assert found == (0.61, VERSION, [])
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_endpoint_unreachable_names_the_serve_url_and_no_champion(monkeypatch):
-    serve_url = f"http://127.0.0.1:{_closed_port()}"
+    serve_url = f"http://127.0.0.1:{free_port()}"
     hook = _hook(monkeypatch, serve_url, verify_tls=True)
     with pytest.raises(ServeUnreachableError, match=rf"Cannot reach the Serve endpoint {serve_url}{PREFIX}/predict.*"
                                                     r"serve_url of the connection 'ray_tls_on'"):

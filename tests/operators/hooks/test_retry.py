@@ -14,6 +14,7 @@ from airflow_ray_ml import get_provider_info
 from airflow_ray_ml.errors import RayClusterUnreachableError, RayConnectionSettingError, RayOperatorError, RayTLSError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.hooks.retry import RetryPolicy
+from scripts.localcluster import free_port
 from tests.operators.fake_jobs_api import Answer, error
 
 
@@ -136,11 +137,7 @@ def test_tls_and_client_errors_are_not_retried(fake_jobs_api):
 
 
 def test_exhausted_retries_message_leaves_out_credentials_in_the_url(monkeypatch):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there
     monkeypatch.setenv("AIRFLOW_CONN_RAY_USERINFO", json.dumps({"conn_type": "ray_ml", "extra": {
         "dashboard_url": f"http://admin:s3cret@127.0.0.1:{port}", "retries": 1, "retry_max_wait_s": 0.01}}))
     with pytest.raises(RayClusterUnreachableError) as caught:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import time
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.job_status import RayJobStatus
 from airflow_ray_ml.triggers.ray import RayJobTrigger
+from scripts.localcluster import free_port
 from tests.operators.fake_jobs_api import Answer, recorded
 
 
@@ -128,9 +128,7 @@ def test_trigger_malformed_job_answer_fires_error_not_crash(fake_jobs_api, answe
 
 
 def test_trigger_unreachable_cluster_fires_error_not_crash(monkeypatch):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens there
     monkeypatch.setenv("AIRFLOW_CONN_RAY_GONE", json.dumps(
         {"conn_type": "ray_ml", "extra": {"dashboard_url": f"http://127.0.0.1:{port}"}}))
     trigger = RayJobTrigger(submission_id="x", ray_conn_id="ray_gone", poll_interval_s=0.1, max_unreachable_s=0.3)
