@@ -20,7 +20,7 @@ from airflow_ray_ml.serve_apps import app_model_version
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import ROOT, allow_sources, load_dag
-from tests.dags.wine_runs import ROW, asset_events, run_dag, serve_url, states
+from tests.dags.wine_runs import asset_events, run_dag, serve_url, states
 from tests.operators.test_ray_job import _xcom
 from tests.scripts.test_stack import write_rent_table
 

@@ -106,6 +106,10 @@ def test_keep_ray_connection_on_a_running_api_server_allows_each_runs_sources_in
             requests.delete(connection, timeout=10)
 
 
+# the rent table's run serves on an application named after its label (stack.run_conf)
+delete_own_serve_apps = serve_apps_deleted_after_module("rent")
+
+
 @pytest.mark.integration
 def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_scoring(
         airflow_db, ray_conn, tmp_path, monkeypatch):
