@@ -3,8 +3,8 @@ and to the Serve endpoints of the applications this project deploys.
 
 The hook is the only place that knows the dashboard's and the endpoints' routes: each endpoint is
 one constant below and each call one method; the calls a trigger makes have ``a_``-prefixed async
-twins. Every synchronous request goes out through :meth:`RayHook.send`, with the connection's TLS
-verification and the hook's timeout.
+twins. Every synchronous request, the dashboard's and the endpoints', goes out through
+:meth:`RayHook._send_once`, with the connection's TLS verification and the hook's timeout.
 """
 
 from __future__ import annotations
