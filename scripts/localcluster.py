@@ -127,6 +127,71 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+SERVE_PORT_BLOCKS = range(20000, 25000, 50)
+"""The blocks of Serve replica HTTP ports a node of this machine can claim (its gRPC ports: the
+same block 5000 higher). Below Linux's ephemeral range, so no client connection holds them."""
+_SERVE_PORT_ENV = ("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT",
+                   "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT")
+
+
+def _port_claims() -> Path:
+    claims = Path(tempfile.gettempdir()) / f"airflow-ray-ml-serve-ports-{os.getuid()}"
+    claims.mkdir(mode=0o700, exist_ok=True)
+    return claims
+
+
+def _block_free(base: int, size: int) -> bool:
+    """Nothing on this machine listens on the block's HTTP or gRPC ports (replicas bind every interface)."""
+    for port in (*range(base, base + size), *range(base + 5000, base + 5000 + size)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                return False
+    return True
+
+
+def claim_serve_ports(claims: Path | None = None,
+                      blocks: range = SERVE_PORT_BLOCKS) -> tuple[Path, dict[str, str]]:
+    """A block of ports for one node's Serve replicas that no other live node of this machine holds.
+
+    With HAProxy, each Serve replica listens on a port from its node's range (Ray's default:
+    30000-31000, the same on every node) with SO_REUSEPORT. Two nodes on one machine (another
+    cluster's, or a second node of a local cluster) would then hand out the same port, and the
+    kernel would spread one application's requests over the other node's replicas. A block is held
+    by a claim file naming the node's ``ray start`` process (this one until ``_spawn`` writes it);
+    a claim whose process is gone is taken over. Returns the claim file and the settings for the node.
+
+    :param claims: the folder of claims (None: this machine's, one per user).
+    :param blocks: the first ports of the blocks to claim from, a block's size apart.
+    """
+    claims = claims or _port_claims()
+    for base in blocks:
+        claim = claims / str(base)
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            try:
+                holder = int(claim.read_text().strip() or 0)
+            except (OSError, ValueError):
+                continue
+            if holder and not _is_zombie(holder):  # a live node, or a process about to start one
+                continue
+            claim.unlink(missing_ok=True)  # its node is gone; the next try takes it if no one else did
+            try:
+                fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        if not _block_free(base, blocks.step):  # something else listens there: keep the claim (it ends with us)
+            continue
+        last = base + blocks.step - 1
+        return claim, dict(zip(_SERVE_PORT_ENV, map(str, (base, last, base + 5000, last + 5000))))
+    raise ClusterError(f"every block of Serve replica ports is held by a live node of this machine "
+                       f"(claims in {claims}): stop a cluster that is no longer needed")
+
+
 def _loopback_haproxy_env(env: dict[str, str]) -> dict[str, str]:
     """Point Serve at the wrapper that keeps HAProxy's listeners on 127.0.0.1 (haproxy_loopback.sh).
 
@@ -345,13 +410,20 @@ class LocalRayCluster:
 
     def _spawn(self, args: list[str]) -> int:
         log_path = self.log_file or os.path.join(self.temp_dir, "ray-start.log")
+        env = self.env()
+        claim = None
+        if not any(name in env for name in _SERVE_PORT_ENV):  # each node its own replica ports
+            claim, ports = claim_serve_ports()
+            env.update(ports)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [*self._ray_cli(), "start", "--block", "--disable-usage-stats",
                  "--node-ip-address=127.0.0.1", *args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env(), start_new_session=True,
+                env=env, start_new_session=True,
             )
+        if claim is not None:
+            claim.write_text(str(process.pid))  # held while the node's session lives
         self.leader_pids.append(process.pid)
         return process.pid
 

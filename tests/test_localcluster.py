@@ -26,7 +26,7 @@ from airflow_ray_ml.hooks.ray import RayHook
 from scripts import localcluster
 from airflow_ray_ml_stages.errors import ClusterError
 from scripts.localcluster import (
-    LocalRayCluster, check_socket_paths, default_temp_dir, new_token, private_dir,
+    LocalRayCluster, check_socket_paths, claim_serve_ports, default_temp_dir, new_token, private_dir,
 )
 from tests.conftest import ROOT, load_dag
 
@@ -90,6 +90,27 @@ def test_the_caller_environment_cannot_make_two_clusters_share_haproxy_files(mon
     monkeypatch.setenv("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")
     one, two = (LocalRayCluster(temp_dir=_unused_dir(20)).env() for _ in range(2))
     assert one["RAY_SERVE_HAPROXY_SOCKET_PATH"] != two["RAY_SERVE_HAPROXY_SOCKET_PATH"]
+
+
+def test_each_node_claims_its_own_serve_ports_and_a_gone_nodes_block_is_taken_over(tmp_path):
+    blocks = range(19000, 19040, 10)  # outside the blocks real nodes claim
+    held, ports = claim_serve_ports(tmp_path, blocks)
+    other, other_ports = claim_serve_ports(tmp_path, blocks)
+    assert held != other  # both claimed by this live process: two blocks
+    first, last = (int(ports[f"RAY_SERVE_DIRECT_INGRESS_{end}_HTTP_PORT"]) for end in ("MIN", "MAX"))
+    assert last - first == 9 and int(ports["RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT"]) == first + 5000
+    assert not set(range(first, last + 1)) & set(range(int(other_ports["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]),
+                                                       int(other_ports["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) + 1))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    held.write_text(str(gone.pid))  # the node that held the first block has stopped
+    taken, taken_ports = claim_serve_ports(tmp_path, blocks)
+    assert taken == held and taken_ports == ports and taken.read_text() == str(os.getpid())
+    with socket.socket() as listener:  # something else listens in the next free block: skipped
+        listener.bind(("0.0.0.0", blocks[2]))
+        assert claim_serve_ports(tmp_path, blocks)[0].name == str(blocks[3])
+    with pytest.raises(ClusterError, match="every block of Serve replica ports is held"):
+        claim_serve_ports(tmp_path, blocks)
 
 
 def test_a_cluster_given_another_python_runs_that_venvs_ray_and_its_jobs_python(tmp_path):
@@ -160,6 +181,11 @@ def test_a_cluster_given_no_temp_dir_gets_a_private_short_one(cluster_of_its_own
     assert info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
     assert Path(cluster_of_its_own.ray_temp_dir).parent == Path(temp_dir)
     assert (Path(cluster_of_its_own.ray_temp_dir) / "session_latest" / "logs").is_dir()
+    # its node's Serve replicas listen in a block of ports that its claim holds
+    (leader,) = cluster_of_its_own.leader_pids
+    environ = dict(item.split("=", 1) for item in Path(f"/proc/{leader}/environ").read_text().split("\0") if "=" in item)
+    claim = localcluster._port_claims() / environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"]
+    assert claim.read_text() == str(leader)
 
 
 @pytest.mark.integration

@@ -48,5 +48,5 @@ train_gpu_auto = _train_dag("train_gpu_auto", probe=True, ray_conn_id="ray_gpu",
 # Far more workers than the tests' 2-CPU cluster has CPUs: refused before any job (retries unused).
 train_too_many_workers = _train_dag("train_too_many_workers", num_workers=500, retries=2)
 # One Ray Train worker of 1 CPU on the cluster that ray_sized names (where Serve apps hold most CPUs).
-train_held = _train_dag("train_held", ray_conn_id="ray_sized", num_workers=1, resource_wait_s=15, retries=1,
+train_held = _train_dag("train_held", ray_conn_id="ray_sized", num_workers=1, resource_wait_s=5, retries=1,
                         retry_delay=timedelta(seconds=1))
