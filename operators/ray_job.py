@@ -103,7 +103,8 @@ class RayJobOperator(BaseOperator):
     :param deferrable: wait in the triggerer instead of holding a worker slot; default: Airflow's
         ``[operators] default_deferrable``. Either way the job's log lines reach the task log as
         the job writes them.
-    :param poll_interval_s: seconds between tries while the job's log stream cannot be read.
+    :param poll_interval_s: seconds between looks at the job's state while its log streams (the
+        task ends this soon after the job), and between tries while the stream cannot be read.
     :param job_timeout_s: stop the job and fail the task after this long.
     """
 
@@ -379,7 +380,8 @@ class RayJobOperator(BaseOperator):
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                for line in self.hook.tail_job_logs(submission_id, offset=offset, timeout_s=remaining):
+                for line in self.hook.tail_job_logs(submission_id, offset=offset, timeout_s=remaining,
+                                                    status_poll_s=self.poll_interval_s):
                     self.log.info("[ray] %s", line.rstrip("\r\n"))
                     offset += len(line)
             except TimeoutError:

@@ -67,6 +67,8 @@ SERVE_PREDICT_ENDPOINT = "{route_prefix}/predict"
 # Pings on the log websocket: a connection that died without closing (a dropped NAT or proxy
 # entry) fails within two of these instead of leaving the follower waiting for lines forever.
 LOG_STREAM_HEARTBEAT_S = 30.0
+# How often a follower of a job's log also reads the job's state (a_tail_job_logs).
+STATUS_POLL_S = 1.0
 TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 HOW_TO_FIX = (
     "start a local cluster with `make run` (or `ray start --head --dashboard-host=127.0.0.1`), "
@@ -688,7 +690,8 @@ class RayHook(BaseHook):
     async def a_get_job_logs(self, submission_id: str) -> str:
         return self._logs_of(submission_id, await self.a_request("GET", _job_path(JOB_LOGS_ENDPOINT, submission_id)))
 
-    async def a_tail_job_logs(self, submission_id: str, *, offset: int = 0) -> AsyncIterator[str]:
+    async def a_tail_job_logs(self, submission_id: str, *, offset: int = 0,
+                              status_poll_s: float = STATUS_POLL_S) -> AsyncIterator[str]:
         """The job's log lines as the job writes them, each with its line end.
 
         Ends once the job has ended and its log is read to the end (a last line without a line
@@ -696,8 +699,45 @@ class RayHook(BaseHook):
         ``offset`` characters are skipped, so a caller whose stream dropped reconnects with the
         number of characters it already has. Characters count as in :meth:`get_job_logs`'s text.
 
+        Ray's stream closes seconds after the job has ended (it looks at the job between
+        one-second sleeps, after a one-second sleep at the log's end), which every stage task
+        would wait out. So the job's state is read as well, at most every ``status_poll_s``
+        seconds; once the job has ended, the rest of its log comes from :meth:`a_get_job_logs`
+        and the stream is closed.
+
         Raises :class:`RayClusterUnreachableError` when the stream cannot be opened or drops.
         """
+        stream = self._a_log_stream(submission_id, offset=offset)
+        sent, looked = offset, time.monotonic()
+        pending: asyncio.Future | None = None
+        try:
+            while True:
+                pending = pending or asyncio.ensure_future(anext(stream))
+                done, _ = await asyncio.wait({pending}, timeout=max(looked + status_poll_s - time.monotonic(), 0))
+                if done:
+                    line, pending = pending, None
+                    try:
+                        text = line.result()
+                    except StopAsyncIteration:
+                        return
+                    sent += len(text)
+                    yield text
+                    if time.monotonic() < looked + status_poll_s:
+                        continue
+                looked = time.monotonic()
+                status = await self.a_get_job_status(submission_id)
+                if status is not None and status.is_terminal():
+                    for text in (await self.a_get_job_logs(submission_id))[sent:].splitlines(keepends=True):
+                        yield text
+                    return
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+            await stream.aclose()
+
+    async def _a_log_stream(self, submission_id: str, *, offset: int) -> AsyncIterator[str]:
+        """Ray's tail websocket of the job's log, from ``offset`` characters on, until Ray closes it."""
         import aiohttp  # Ray's own client (ray[default]) brings it; only the tail needs it
 
         await self._a_load_settings()
@@ -745,14 +785,15 @@ class RayHook(BaseHook):
         if partial:
             yield partial
 
-    def tail_job_logs(self, submission_id: str, *, offset: int = 0, timeout_s: float | None = None) -> Iterator[str]:
+    def tail_job_logs(self, submission_id: str, *, offset: int = 0, timeout_s: float | None = None,
+                      status_poll_s: float = STATUS_POLL_S) -> Iterator[str]:
         """Sync twin of :meth:`a_tail_job_logs`, for a worker following its job.
 
         Raises ``TimeoutError`` when the stream has not ended after ``timeout_s`` seconds.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         loop = asyncio.new_event_loop()
-        lines = self.a_tail_job_logs(submission_id, offset=offset)
+        lines = self.a_tail_job_logs(submission_id, offset=offset, status_poll_s=status_poll_s)
         try:
             while True:
                 remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)

@@ -34,7 +34,8 @@ class RayJobTrigger(BaseTrigger):
 
     :param submission_id: the Ray job's submission id.
     :param ray_conn_id: the Airflow connection to the Ray cluster.
-    :param poll_interval_s: seconds between tries while the cluster cannot be reached.
+    :param poll_interval_s: seconds between looks at the job's state while its log streams (the
+        trigger fires this soon after the job ends), and between tries while the cluster cannot be reached.
     :param max_unreachable_s: how long the dashboard may stay unreachable before giving up.
     """
 
@@ -72,7 +73,8 @@ class RayJobTrigger(BaseTrigger):
                 try:
                     # The stream ends when the job has ended (or the connection dropped: then the
                     # job's state says which, and a new stream resumes after what was logged).
-                    async for line in hook.a_tail_job_logs(self.submission_id, offset=offset):
+                    async for line in hook.a_tail_job_logs(self.submission_id, offset=offset,
+                                                           status_poll_s=self.poll_interval_s):
                         self.log.info("[ray] %s", line.rstrip("\r\n"))
                         offset += len(line)
                     info = await hook.a_get_job_info(self.submission_id)

@@ -335,6 +335,20 @@ def test_tail_skips_its_offset_across_messages_that_split_lines(fake_jobs_api):
     assert list(hook.tail_job_logs("job-1", offset=len("line-1\nli"))) == ["ne-2\n", "line-3"]
 
 
+def test_tail_ends_within_its_status_poll_of_the_jobs_end_while_rays_stream_stays_open(fake_jobs_api):
+    import time
+
+    from tests.operators.fake_jobs_api import Stream
+
+    # Ray closes a tail seconds after the job ended; until then its stream may have sent only part of the log
+    fake_jobs_api.add_job("job-1", status="SUCCEEDED", log="line-1\nline-2\nlast")
+    fake_jobs_api.script("GET", "/api/jobs/job-1/logs/tail", Stream(["line-1\n"], close_code=None))
+    started = time.monotonic()
+    lines = list(RayHook("ray_fake").tail_job_logs("job-1", timeout_s=30, status_poll_s=0.2))
+    assert lines == ["line-1\n", "line-2\n", "last"]  # the rest from the whole log, each character once
+    assert time.monotonic() - started < 3
+
+
 @pytest.mark.parametrize(("stream", "reason"), [
     ({"close_code": 1011}, "websocket close code 1011"),
     ({"drop": True}, "dropped before the job ended|Cannot reach"),
