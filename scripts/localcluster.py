@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import contextlib
 import json
 import os
 import secrets
@@ -290,7 +291,16 @@ def stop_session(leader_pid: int, grace_s: float = 10.0, sig: int = signal.SIGTE
     except ProcessLookupError:
         pass
     leftovers: list[int] = []
-    if not _wait_gone(leader_pid, grace_s):
+    # The leader ends its node's processes and exits; the dashboard's module processes outlive it
+    # and end on a SIGTERM of their own, instead of when the grace is over.
+    deadline = time.monotonic() + grace_s
+    while leader_pid in _live(leader_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in _live(leader_pid):
+        if pid != leader_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    if not _wait_gone(leader_pid, max(deadline - time.monotonic(), 2.0)):
         leftovers = _live(leader_pid)
         for pid in leftovers:
             try:

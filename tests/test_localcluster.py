@@ -162,13 +162,17 @@ def _running_naming(text: str) -> list[int]:
 def cluster_of_its_own():
     """A head given no temp dir, whose Serve no test has started yet: the tests below share it.
 
-    Its stop must remove the dir it made (checked when the module is done with it)."""
+    Its stop must end every process of its session, the dashboard's module processes that outlive
+    the ``ray start`` leader included, and remove the dir it made (checked when the module is done with it)."""
     cluster = LocalRayCluster(num_cpus=1, num_gpus=0, token=new_token())
+    started: list[int] = []
     try:
         cluster.start()
+        started = localcluster.session_pids(cluster.leader_pids[0])
         yield cluster
     finally:
         cluster.stop()
+    assert len(started) > 3 and _running(started) == [], [_cmdline(pid) for pid in _running(started)]
     assert not os.path.exists(cluster.temp_dir), f"stop left the cluster's own temp dir {cluster.temp_dir}"
 
 

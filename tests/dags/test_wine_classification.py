@@ -1,6 +1,7 @@
-"""Classification end to end: the wine DAG with ``task=classification`` (the grades as classes, and
-"good wine" as two classes), batch scoring with class probabilities, and the same DAG on a generated
-table that is not wine (a text label, a categorical feature), each ending in real HTTP calls."""
+"""Classification end to end: the wine DAG with ``task=classification`` (the grades as classes),
+batch scoring with class probabilities, and the same DAG on a generated table that is not wine (a
+two-class text label, a categorical feature), each ending in real HTTP calls. Two classes made from
+the grades by ``label_threshold``: the data stage's tests and the Params' (test_wine_params.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ import pytest
 import requests
 
 from tests.conftest import ROOT, allow_sources, load_dag
-from tests.dags.wine_runs import ONE_TRIAL, ROW, states
+from tests.dags.wine_runs import ROW, states
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = pytest.mark.integration
 
-# the grades' run: a short search over both families; the binary runs test the labels, not the search
+# the grades' run: a short search over both families; the two-class run tests the labels, not the search
 SMALL = {"demo_rows": 1500, "demo_seed": 3, "num_trials": 2, "max_epochs": 3, "num_boost_round": 40,
          "task": "classification"}
-BINARY = {**ONE_TRIAL, "demo_seed": 3, "task": "classification"}
 
 
 def _run(when: datetime, **conf):
@@ -83,15 +83,6 @@ def test_batch_scoring_writes_the_class_and_each_class_probability(grades_run):
     np.testing.assert_allclose(probabilities.sum(axis=1), 1, atol=1e-5)
     chosen = np.asarray(classes)[probabilities.argmax(axis=1)]
     assert (scored["predicted_quality"].to_numpy() == chosen).all()
-
-
-def test_good_wine_is_a_binary_classification(airflow_db, ray_conn, own_serve_apps):
-    own_serve_apps.add("good-wine")
-    dag_run = _run(datetime(2026, 5, 3, tzinfo=timezone.utc), **BINARY, label_threshold=7, serve_app="good-wine",
-                   serve_route="/good-wine")
-    deployed = _check_classifier_run(dag_run, [0, 1])
-    answer = _predict(deployed["endpoint"], [ROW])
-    assert answer["predictions"][0] in (0, 1) and sum(answer["probabilities"][0]) == pytest.approx(1, abs=1e-5)
 
 
 def churn_table(rows: int, seed: int) -> pd.DataFrame:

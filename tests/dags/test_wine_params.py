@@ -62,6 +62,15 @@ def test_params_data_cleaning_reaches_the_preprocess_spec_as_typed_values(build)
     assert default["drop_columns"] == [] and default["nan_policy"] == "fail" and default["max_categories"] == 100
 
 
+def test_params_classification_with_a_threshold_reaches_the_preprocess_spec(build):
+    # two classes from the demo's grades (the stage's own tests: tests/include/test_data_classification.py)
+    built = build(task="classification", label_threshold=7)
+    assert built["preprocess"]["task"] == "classification" and built["preprocess"]["label_threshold"] == 7
+    assert built["preprocess"]["label_range"] == [0, 10]  # checked on the raw grades, before the threshold
+    regression = build()["preprocess"]
+    assert regression["task"] == "regression" and regression["label_threshold"] is None
+
+
 @pytest.mark.parametrize("accelerator", ["auto", "gpu", "cpu"])
 def test_params_accelerator_reaches_the_train_and_tune_specs(build, accelerator):
     built = build(accelerator=accelerator)
