@@ -118,6 +118,14 @@ requires_cuda = pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on th
 """Skip marker for the ``gpu`` tests: they run only where CUDA can use a GPU."""
 
 
+TEST_CLUSTER_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
+"""What every test cluster's nodes get in their environment. A Serve replica that is stopped (its
+application deleted, or scaled down) stays reachable for Ray's deregistration window before it
+drains, 30 s by default, for load balancers on other nodes; behind a node's own HAProxy, which
+retries a refused connection on another replica, 1 s is enough, and a test that deletes an
+application or a module's cleanup no longer waits half a minute for it."""
+
+
 @contextlib.contextmanager
 def extra_cluster(conn_id: str, **cluster_kwargs):
     """Another real local Ray head (e.g. one advertising a GPU) reached through connection ``conn_id``.
@@ -128,7 +136,8 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
     from scripts.localcluster import LocalRayCluster, new_token
 
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rx", dir="/tmp"), token=new_token(),
-                              **{"num_cpus": 2, "num_gpus": 0, "python": RAY_PYTHON, **cluster_kwargs})
+                              **{"num_cpus": 2, "num_gpus": 0, "python": RAY_PYTHON, **cluster_kwargs,
+                                 "extra_env": {**TEST_CLUSTER_ENV, **cluster_kwargs.get("extra_env", {})}})
     variable = f"AIRFLOW_CONN_{conn_id.upper()}"
     try:
         cluster.start()
@@ -150,15 +159,12 @@ def ray_cluster():
     It advertises no GPU even where Ray would find one: the suite tests the CPU path here, and the
     ``gpu`` tests start a cluster of their own with the GPU (``make test-gpu``).
 
-    A Serve replica that is stopped (its application deleted, or scaled down) stays reachable for
-    Ray's deregistration window before it drains, 30 s by default, for load balancers on other
-    nodes; behind this one node's HAProxy, which retries a refused connection on another replica,
-    1 s is enough, and each module's cleanup no longer waits half a minute for it."""
+    Its environment is ``TEST_CLUSTER_ENV``'s."""
     from scripts.localcluster import LocalRayCluster, new_token
 
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token(), python=RAY_PYTHON,
-                              extra_env={"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"})
+                              extra_env=TEST_CLUSTER_ENV)
     try:
         cluster.start()
         yield cluster

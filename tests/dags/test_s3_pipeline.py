@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from airflow_ray_ml_stages import artifacts
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, TEST_CLUSTER_ENV, load_dag
 from tests.dags.wine_runs import ONE_TRIAL, ROW, WORSE, states
 from tests.operators.test_ray_job import _xcom
 
@@ -47,7 +47,7 @@ def s3_cluster(s3_server):
 
     node_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")
     cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rh", dir="/tmp"), num_cpus=2, num_gpus=0,
-                              token=new_token(), extra_env=s3_server.env)
+                              token=new_token(), extra_env={**TEST_CLUSTER_ENV, **s3_server.env})
     try:
         cluster.start()
         cluster.add_node(num_cpus=2, num_gpus=0, temp_dir=node_dir)
