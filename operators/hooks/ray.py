@@ -69,11 +69,21 @@ SERVE_PREDICT_ENDPOINT = "{route_prefix}/predict"
 LOG_STREAM_HEARTBEAT_S = 30.0
 # How often a follower of a job's log also reads the job's state (a_tail_job_logs).
 STATUS_POLL_S = 1.0
+# How long closing the log websocket waits for the dashboard's answer: Ray's end never reads from
+# it, so a follower that leaves first (the job has ended, or its wait is over) would otherwise
+# wait until the dashboard ends the stream itself, seconds later.
+LOG_STREAM_CLOSE_S = 0.1
 TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 HOW_TO_FIX = (
     "start a local cluster with `make run` (or `ray start --head --dashboard-host=127.0.0.1`), "
     "or point the Airflow connection '{conn_id}' at your cluster's dashboard URL"
 )
+
+
+def _ws_close_timeout(aiohttp: Any) -> Any:
+    """``ws_connect``'s timeout: LOG_STREAM_CLOSE_S to close (aiohttp before 3.11 takes it as a number)."""
+    settings = getattr(aiohttp, "ClientWSTimeout", None)
+    return LOG_STREAM_CLOSE_S if settings is None else settings(ws_receive=None, ws_close=LOG_STREAM_CLOSE_S)
 
 
 def normalise_dashboard_url(host: str, port: int | None = None, scheme: str = "http") -> str:
@@ -750,7 +760,7 @@ class RayHook(BaseHook):
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s),
             ) as session, session.ws_connect(
                 f"{self.dashboard_url}{path}", ssl=self.verify_tls,
-                heartbeat=LOG_STREAM_HEARTBEAT_S,
+                heartbeat=LOG_STREAM_HEARTBEAT_S, timeout=_ws_close_timeout(aiohttp),
             ) as stream:
                 async for message in stream:
                     if message.type is not aiohttp.WSMsgType.TEXT:
