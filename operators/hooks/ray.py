@@ -813,9 +813,13 @@ class RayHook(BaseHook):
                     return
                 yield line
         finally:
-            # After an interrupt (a signal's exception) the stream may still be mid-read: then
-            # closing it fails, and closing the loop drops it.
+            # After an interrupt (a signal's exception) the stream may still be mid-read, in a task
+            # of this loop: cancel it, as asyncio.run does, so the stream closes while the loop runs.
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
             with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.run_until_complete(lines.aclose())
             loop.close()
 
