@@ -51,6 +51,26 @@ def _event_and_lines(trigger: RayJobTrigger, timeout_s: float = 30) -> tuple[dic
     return event, [r["event"] for r in records if r["event"].startswith("[ray] ")]
 
 
+@contextlib.contextmanager
+def _job_ends_at_stream(fake_jobs_api, job: str, streams: int):
+    """The fake job runs until its log has been asked for ``streams`` times, then succeeds: the
+    follower reads the job's state while it streams, so a job that had ended would end it sooner."""
+    import threading
+
+    def end() -> None:
+        deadline = time.monotonic() + 30
+        while fake_jobs_api.count("GET", f"/api/jobs/{job}/logs/tail") < streams and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fake_jobs_api.set_status(job, "SUCCEEDED")
+
+    ender = threading.Thread(target=end)
+    ender.start()
+    try:
+        yield
+    finally:
+        ender.join()
+
+
 def _submit(entrypoint: str, submission_id: str) -> str:
     return RayHook().submit_job(entrypoint=entrypoint, submission_id=submission_id)
 
@@ -77,9 +97,9 @@ def test_trigger_follows_a_job_whose_stream_ended_while_it_ran(fake_jobs_api):
 
     fake_jobs_api.add_job("job-1", log="line-1\nline-2\n")
     fake_jobs_api.script("GET", "/api/jobs/job-1/logs/tail", Stream(["line-1\n"]))
-    fake_jobs_api.script("GET", "/api/jobs/job-1", Answer(body=fake_jobs_api.jobs["job-1"].info()))
-    fake_jobs_api.set_status("job-1", "SUCCEEDED")  # for every answer after the scripted RUNNING one
-    event, lines = _event_and_lines(RayJobTrigger(submission_id="job-1", ray_conn_id="ray_fake", poll_interval_s=0.1))
+    with _job_ends_at_stream(fake_jobs_api, "job-1", 2):
+        event, lines = _event_and_lines(RayJobTrigger(submission_id="job-1", ray_conn_id="ray_fake",
+                                                      poll_interval_s=0.1))
     assert event["status"] == "success" and event["log_offset"] == len("line-1\nline-2\n")
     assert lines == ["[ray] line-1", "[ray] line-2"]  # each once
     assert fake_jobs_api.count("GET", "/api/jobs/job-1/logs/tail") == 2
@@ -88,11 +108,12 @@ def test_trigger_follows_a_job_whose_stream_ended_while_it_ran(fake_jobs_api):
 def test_trigger_rides_out_a_short_outage_and_resumes_the_log(fake_jobs_api):
     from tests.operators.fake_jobs_api import Stream
 
-    fake_jobs_api.add_job("job-1", status="SUCCEEDED", log="line-1\nline-2\n")
+    fake_jobs_api.add_job("job-1", log="line-1\nline-2\n")
     tail = "/api/jobs/job-1/logs/tail"
     fake_jobs_api.script("GET", tail, Stream(["line-1\nli"], drop=True), Answer(drop=True), Answer(drop=True))
     trigger = RayJobTrigger(submission_id="job-1", ray_conn_id="ray_fake", poll_interval_s=0.1, max_unreachable_s=30)
-    event, lines = _event_and_lines(trigger)
+    with _job_ends_at_stream(fake_jobs_api, "job-1", 4):
+        event, lines = _event_and_lines(trigger)
     assert event["status"] == "success" and lines == ["[ray] line-1", "[ray] line-2"]
     assert fake_jobs_api.count("GET", tail) == 4
 
