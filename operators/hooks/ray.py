@@ -734,10 +734,15 @@ class RayHook(BaseHook):
                     yield text
                     if time.monotonic() < looked + status_poll_s:
                         continue
+                # One try each, as the stream has: a cluster that cannot be reached is the caller's
+                # to wait out (RayJobTrigger's max_unreachable_s), not the connection's retries'.
                 looked = time.monotonic()
-                status = await self.a_get_job_status(submission_id)
-                if status is not None and status.is_terminal():
-                    for text in (await self.a_get_job_logs(submission_id))[sent:].splitlines(keepends=True):
+                info = self._job_info_of(submission_id, await self.a_request(
+                    "GET", _job_path(JOB_ENDPOINT, submission_id), idempotent=False))
+                if info is not None and RayJobStatus(info["status"]).is_terminal():
+                    rest = self._logs_of(submission_id, await self.a_request(
+                        "GET", _job_path(JOB_LOGS_ENDPOINT, submission_id), idempotent=False))[sent:]
+                    for text in rest.splitlines(keepends=True):
                         yield text
                     return
         finally:
