@@ -319,6 +319,7 @@ class TrialClock:
 
     FIRST_LOOK_S = 10.0  # a trial starts within seconds on a free cluster: look for a reason after this
     LOOK_EVERY_S = 10.0
+    LOOK_PAST_WAIT_S = 1.0  # past resource_wait_s, a look at once and then each second (a granted trial is starting)
 
     def __init__(self, spec: TuneSpec, plan: TrialPlan) -> None:
         from ray.tune import Callback, Stopper
@@ -355,19 +356,21 @@ class TrialClock:
         if self.started or self.gave_up:
             return self.gave_up
         now = time.monotonic()
-        if now - self.began < self.FIRST_LOOK_S or now - self._looked < self.LOOK_EVERY_S:
+        waited, since_look = now - self.began, now - self._looked
+        past_wait = waited > self._spec.resource_wait_s
+        if past_wait and since_look < self.LOOK_PAST_WAIT_S:
+            return False
+        if not past_wait and (waited < self.FIRST_LOOK_S or since_look < self.LOOK_EVERY_S):
             return False
         self._looked = now
         capacity = live_capacity()
         if capacity.own_cpus or capacity.own_gpus:
             return False
         self.reason = waiting_reason(capacity, what="trial", cpus=self._plan.cpus, gpus=self._plan.gpus)
-        if now - self.began > self._spec.resource_wait_s:
-            self.gave_up = True
-            return True
-        log.warning("no trial has started after %.0f s: %s", now - self.began, self.reason)
+        log.warning("no trial has started after %.0f s: %s", waited, self.reason)
         self._write_waiting("pending")
-        return False
+        self.gave_up = past_wait
+        return past_wait
 
     def _write_waiting(self, state: str) -> None:
         if state == "running" and not self._pending:

@@ -104,13 +104,13 @@ def test_tune_whose_trials_cannot_start_beside_serve_apps_fails_in_bounded_time_
         busy_cluster, preprocess):
     started = time.monotonic()
     with structlog.testing.capture_logs(processors=[structlog.processors.format_exc_info]) as records:
-        dag_run = _run(preprocess, day=3, cpus_per_trial=1, resource_wait_s=20)
+        dag_run = _run(preprocess, day=3, cpus_per_trial=1, resource_wait_s=5)
     elapsed = time.monotonic() - started
     (ti,) = dag_run.get_task_instances()
     assert dag_run.state == "failed" and ti.try_number == 1  # at once: it had a retry it did not use
-    assert elapsed < 150, elapsed  # 20 s of waiting, the job's start and the task's, never the 900 s budget
+    assert elapsed < 150, elapsed  # 5 s of waiting, the job's start and the task's, never the 900 s budget
     error = _failure(records)
-    assert "ResourcesUnavailableError: no trial could start within resource_wait_s=20 s" in error, error
+    assert "ResourcesUnavailableError: no trial could start within resource_wait_s=5 s" in error, error
     assert "1.8 CPU held by Serve apps app-a, app-b, app-c (1.8)" in error, error
     assert "0.2 of 2 CPU free; each trial needs 1 CPU" in error, error
     assert "cpus_per_trial" in error and "RAY_CPUS" in error
