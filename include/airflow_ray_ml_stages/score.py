@@ -185,37 +185,36 @@ def _summary(output_uri: str, output_format: str, column: str, classification: b
                          "max": float(stats["max"].as_py())}
 
 
+def _columns(files: list[str], output_format: str) -> tuple[list[str], str | None]:
+    """The first file's column names, read without Ray (a Parquet footer or a CSV header), and the
+    CSV's delimiter."""
+    if output_format == "parquet":
+        import pyarrow.parquet as pq
+
+        filesystem, path = artifacts.resolve(files[0])
+        with filesystem.open_input_file(path) as handle:
+            return list(pq.ParquetFile(handle).schema_arrow.names), None
+    head = _head(files[0])
+    header = head.splitlines()[0] if head.strip() else ""
+    if not header:
+        raise DataSourceError(f"{files[0]!r} is empty: give a file with a header row and data rows")
+    delimiter = detect_delimiter(header)
+    return [name.strip().strip('"') for name in header.split(delimiter)], delimiter
+
+
 def run_scoring(spec: ScoreSpec) -> ScoreResult:
+    """Score ``spec.input_uri`` with the model; everything a file or a model can get wrong is checked
+    before the job connects to Ray (only a value the model cannot read is found while scoring)."""
     import pyarrow.csv as pacsv
-    import ray
-    import ray.data
+
+    from airflow_ray_ml_stages.preprocessor import Preprocessor
 
     card = ModelCard.read(spec.model_dir)
     version = card.model_version or "unknown"
     prediction_column = spec.prediction_column or f"predicted_{card.label_column}"
     files = _input_files(spec.input_uri)
     output_format = _format_of(files)
-
-    ray.init(address="auto", logging_level=logging.WARNING)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.execution_options.preserve_order = True  # predictions in the input's row order
-    filesystem, _ = artifacts.resolve(files[0])
-    paths = [artifacts.resolve(f)[1] for f in files]
-    io_args = {"num_cpus": IO_TASK_CPUS}
-    if output_format == "parquet":
-        dataset = ray.data.read_parquet(paths, filesystem=filesystem, ray_remote_args=io_args)
-        names = dataset.schema().names
-    else:
-        head = _head(files[0])
-        header = head.splitlines()[0] if head.strip() else ""
-        if not header:
-            raise DataSourceError(f"{files[0]!r} is empty: give a file with a header row and data rows")
-        delimiter = detect_delimiter(header)
-        names = [name.strip().strip('"') for name in header.split(delimiter)]
-        dataset = None
-    from airflow_ray_ml_stages.preprocessor import Preprocessor
-
+    names, delimiter = _columns(files, output_format)
     preprocessor = Preprocessor.load(artifacts.join(spec.model_dir, "preprocessor.json"))
     needed = list(preprocessor.input_columns)
     colour_by_path = (TYPE_COLUMN in needed and TYPE_COLUMN not in names
@@ -229,20 +228,32 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     if taken:
         raise DataSourceError(f"{files[0]!r} already has column(s) {taken} that scoring adds; "
                               "pass another prediction_column, or rename them")
-    if dataset is None:
-        dataset = ray.data.read_csv(
-            paths, filesystem=filesystem, include_paths=colour_by_path,
-            parse_options=pacsv.ParseOptions(delimiter=delimiter), ray_remote_args=io_args,
-        )
-    elif colour_by_path:
-        dataset = ray.data.read_parquet(paths, filesystem=filesystem, include_paths=True, ray_remote_args=io_args)
-    if colour_by_path:
-        dataset = dataset.rename_columns({"path": PATH_COLUMN})
-
     output_uri = spec.output_uri or default_output(spec.input_uri, version)
     if spec.output_uri and artifacts.exists(output_uri):
         raise DataSourceError(f"output_uri {output_uri!r} exists; predictions never overwrite earlier ones: "
                               "choose another output_uri or leave it empty")
+
+    import ray
+    import ray.data
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.execution_options.preserve_order = True  # predictions in the input's row order
+    filesystem, _ = artifacts.resolve(files[0])
+    paths = [artifacts.resolve(f)[1] for f in files]
+    io_args = {"num_cpus": IO_TASK_CPUS}
+    if output_format == "parquet":
+        dataset = ray.data.read_parquet(paths, filesystem=filesystem, include_paths=colour_by_path,
+                                        ray_remote_args=io_args)
+    else:
+        dataset = ray.data.read_csv(
+            paths, filesystem=filesystem, include_paths=colour_by_path,
+            parse_options=pacsv.ParseOptions(delimiter=delimiter), ray_remote_args=io_args,
+        )
+    if colour_by_path:
+        dataset = dataset.rename_columns({"path": PATH_COLUMN})
+
     local = not artifacts.is_remote(output_uri)
     target = output_uri
     if local:  # write into a hidden sibling, rename into place once everything succeeded

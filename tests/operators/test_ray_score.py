@@ -7,8 +7,10 @@ in place is a copy, so the fixture's stay as they were.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
+import sys
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -100,19 +102,33 @@ def test_bad_values_fail_with_the_column_and_leave_no_output(trained, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad_wines.csv"]  # neither output nor temporary files
 
 
-@pytest.mark.integration
-def test_missing_columns_and_unknown_models_are_named(trained, tmp_path):
-    model, files = trained
-    frame = read_tables([files[0]]).drop(columns=["pH"]).head(20)
-    thin = tmp_path / "thin.csv"
-    frame.to_csv(thin, index=False)
-    dag_run, state = _score(input=str(thin), model=model)
-    assert state == "failed"
-    assert "lacks column(s) ['pH']" in _error(dag_run)
-    dag_run, state = _score(input=str(thin), model=str(tmp_path / "no-such-model"))
-    assert state == "failed"
-    assert "is not a model directory" in _error(dag_run)
-    assert sorted(os.listdir(tmp_path)) == ["thin.csv"]
+def _score_in_process(tmp_path, **spec) -> str:
+    """Run the score stage in this process, as its job's entrypoint would, expecting it to fail before
+    it connects to Ray: the reason its manifest gives."""
+    from airflow_ray_ml_stages.score import main
+
+    artifact_dir = str(tmp_path / "score-stage")
+    assert main(["--spec", json.dumps({**spec, "artifact_dir": artifact_dir})]) == 1
+    if "ray" in sys.modules:
+        assert not sys.modules["ray"].is_initialized()
+    return artifacts.read_json(artifacts.manifest_uri(artifact_dir))["error"]
+
+
+def test_missing_columns_taken_columns_and_unknown_models_are_named_before_ray(tmp_path):
+    from tests.include.test_serve import write_flag_model_dir
+
+    model_dir = write_flag_model_dir(tmp_path / "model")
+    new = tmp_path / "new"
+    new.mkdir()
+    pd.DataFrame({"x": [0.5, 1.5]}).to_csv(new / "thin.csv", index=False)
+    assert "lacks column(s) ['flag']" in _score_in_process(tmp_path, input_uri=str(new / "thin.csv"),
+                                                             model_dir=model_dir)
+    pd.DataFrame({"x": [0.5], "flag": [True]}).to_parquet(new / "thin.parquet")
+    assert "already has column(s) ['flag']" in _score_in_process(
+        tmp_path, input_uri=str(new / "thin.parquet"), model_dir=model_dir, prediction_column="flag")
+    assert "is not a model directory" in _score_in_process(tmp_path, input_uri=str(new / "thin.csv"),
+                                                          model_dir=str(tmp_path / "no-such-model"))
+    assert sorted(os.listdir(new)) == ["thin.csv", "thin.parquet"]
 
 
 @pytest.mark.integration
