@@ -1,6 +1,7 @@
 """Classification end to end: the wine DAG with ``task=classification`` (the grades as classes),
 batch scoring with class probabilities, and the same DAG on a generated table that is not wine (a
-two-class text label, a categorical feature), each ending in real HTTP calls. Two classes made from
+two-class text label, a categorical feature) with the trigger form's conf and its Deploy fields left
+empty, each ending in real HTTP calls. Two classes made from
 the grades by ``label_threshold``: the data stage's tests and the Params' (test_wine_params.py)."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import pandas as pd
 import pytest
 import requests
 
+from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.serve_apps import app_model_version
 from tests.conftest import ROOT, allow_sources, load_dag
-from tests.dags.wine_runs import ROW, states
+from tests.dags.wine_runs import ROW, serve_url, states
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = pytest.mark.integration
@@ -97,20 +100,32 @@ def churn_table(rows: int, seed: int) -> pd.DataFrame:
                          "churned": np.where(score > 0.5, "yes", "no")})
 
 
-def test_a_table_that_is_not_wine_with_a_text_label_runs_to_a_served_classifier(airflow_db, ray_conn, tmp_path,
-                                                                                 monkeypatch, own_serve_apps):
-    own_serve_apps.add("churn")
+def test_a_table_that_is_not_wine_as_the_form_sends_it_runs_to_a_classifier_served_under_the_label_name(
+        airflow_db, ray_conn, tmp_path, monkeypatch, own_serve_apps):
     allow_sources(monkeypatch, tmp_path)  # the table's folder, as an admin widens the allowed sources
     path = tmp_path / "customers.csv"
-    table = churn_table(1200, seed=4)
+    table = churn_table(1200, seed=4).rename(columns={"churned": "Churned This Year"})
     table.to_csv(path, index=False)
-    dag_run = _run(datetime(2026, 5, 4, tzinfo=timezone.utc), source=[str(path)], label_column="churned",
-                   task="classification", num_trials=1, families=["xgboost"], num_boost_round=40, serve_app="churn",
-                   serve_route="/churn")
+    dag = load_dag("wine_quality_pipeline", ROOT / "dags")
+    # as the trigger form sends it: every Param, the Deploy fields as they start (one typed in and cleared)
+    conf = {**{name: param.value for name, param in dag.params.items()}, "source": [str(path)],
+            "label_column": "Churned This Year", "task": "classification", "families": ["xgboost"], "num_trials": 1,
+            "num_boost_round": 40, "serve_app": ""}
+    assert conf["serve_route"] is None and conf["on_schema_change"] == "promote"
+    own_serve_apps.add("churned-this-year")
+    dag_run = _run(datetime(2026, 5, 4, tzinfo=timezone.utc), **conf)
     deployed = _check_classifier_run(dag_run, ["no", "yes"])
     preprocessed = _xcom(dag_run, "preprocess")
     assert "plan=basic" in preprocessed["feature_columns"]  # the text feature, one-hot encoded
-    rows = table.drop(columns=["churned"]).head(20).to_dict(orient="records")
+    # the Deploy fields left empty: the application and its route are named after the label
+    assert deployed["endpoint"] == f"{serve_url()}/churned-this-year"
+    applications = RayHook().get_serve_applications()["applications"]
+    assert applications["churned-this-year"]["deployed_app_config"]["route_prefix"] == "/churned-this-year"
+    for other in ("wine-quality", "wine-grades"):  # no other application is touched
+        served = (applications.get(other) or {}).get("deployed_app_config")
+        assert app_model_version(served) != deployed["model_version"], other
+    rows = table.drop(columns=["Churned This Year"]).head(20).to_dict(orient="records")
     answer = _predict(deployed["endpoint"], rows)
+    assert answer["model_version"] == deployed["model_version"]
     assert answer["classes"] == ["no", "yes"] and set(answer["predictions"]) <= {"no", "yes"}
     np.testing.assert_allclose(np.sum(answer["probabilities"], axis=1), 1, atol=1e-5)

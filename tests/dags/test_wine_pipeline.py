@@ -1,8 +1,9 @@
 """The wine DAGs end to end through dag.test() on the session's Ray cluster, ending in real HTTP calls.
 
 The regression pipeline, its batch scoring and a second run that the gate keeps out run once
-(``wine_regression``, tests/dags/conftest.py); each test here asserts one behaviour from them. A
-run on another table is a run of its own. The pipeline on two nodes: test_s3_pipeline.py.
+(``wine_regression``, tests/dags/conftest.py); each test here asserts one behaviour from them. The
+pipeline on a table that is not wine, as the trigger form sends it: test_wine_classification.py; on
+two nodes: test_s3_pipeline.py.
 """
 
 from __future__ import annotations
@@ -13,16 +14,12 @@ from datetime import datetime, timezone
 
 import pandas as pd
 import pytest
-import requests
 
-from airflow_ray_ml.hooks.ray import RayHook
-from airflow_ray_ml.serve_apps import app_model_version
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
-from tests.conftest import ROOT, allow_sources, load_dag
-from tests.dags.wine_runs import asset_events, run_dag, serve_url, states
+from tests.conftest import ROOT, load_dag
+from tests.dags.wine_runs import asset_events, states
 from tests.operators.test_ray_job import _xcom
-from tests.scripts.test_stack import write_rent_table
 
 pytestmark = pytest.mark.integration
 
@@ -95,30 +92,3 @@ def test_batch_scoring_dag_scores_new_wines_with_the_served_model(wine_regressio
     scored = pd.concat([pd.read_csv(f) for f in sorted(glob.glob(os.path.join(result["output_uri"], "*.csv")))])
     assert len(scored) == 400 and scored["predicted_quality"].between(0, 10).all()
     assert "quality" not in scored.columns
-
-
-def test_wine_form_run_on_another_label_with_default_deploy_fields_serves_under_the_label_name(
-        airflow_db, ray_conn, tmp_path, monkeypatch, own_serve_apps):
-    table = pd.read_csv(write_rent_table(tmp_path / "rent.csv", rows=800))
-    source = tmp_path / "flats.csv"
-    allow_sources(monkeypatch, tmp_path)  # the table's folder, as an admin widens the allowed sources
-    table.rename(columns={"rent": "Monthly Rent"}).to_csv(source, index=False)
-    dag = load_dag("wine_quality_pipeline", ROOT / "dags")
-    # as the trigger form sends it: every Param, the Deploy fields as they start (one typed in and cleared)
-    conf = {**{name: param.value for name, param in dag.params.items()}, "source": [str(source)],
-            "label_column": "Monthly Rent", "families": ["xgboost"], "num_trials": 1, "num_boost_round": 40,
-            "serve_app": ""}
-    assert conf["serve_route"] is None and conf["on_schema_change"] == "promote"
-    own_serve_apps.add("monthly-rent")
-    dag_run = run_dag("wine_quality_pipeline", datetime(2026, 4, 9, tzinfo=timezone.utc), **conf)
-    assert dag_run.state == "success", states(dag_run)
-
-    deployed = _xcom(dag_run, "deploy")
-    assert deployed["action"] == "promoted" and deployed["endpoint"] == f"{serve_url()}/monthly-rent"
-    applications = RayHook().get_serve_applications()["applications"]
-    assert applications["monthly-rent"]["deployed_app_config"]["route_prefix"] == "/monthly-rent"
-    wine = (applications.get("wine-quality") or {}).get("deployed_app_config")
-    assert app_model_version(wine) != deployed["model_version"]  # the wine application is not touched
-    row = {"sqm": 70.0, "rooms": 3, "year_built": 1990, "district": "centre"}
-    answer = requests.post(f"{deployed['endpoint']}/predict", json={"instances": [row]}, timeout=10)
-    assert answer.status_code == 200 and answer.json()["model_version"] == deployed["model_version"]
