@@ -122,10 +122,31 @@ def check_socket_paths(temp_dir: str, env: Mapping[str, str]) -> None:
             )
 
 
+LISTEN_PORTS = range(31000, 32768)
+"""Where ``free_port`` picks: above Ray Serve's default replica ports (30000-31000) and below Linux's
+ephemeral range (32768-60999), from which the kernel gives every outgoing connection its local
+port. A port picked there (the old way, binding port 0) could be taken by a client connection of
+any process before the server it was picked for bound it: a Ray node whose client server then
+failed to bind died after it had been reported ready."""
+_PICKED: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing on this machine listens on, for a server this process starts next; never one it
+    picked before (a node's several ports are picked before it binds any)."""
+    rng = secrets.SystemRandom()
+    for port in rng.sample(LISTEN_PORTS, len(LISTEN_PORTS)):
+        if port in _PICKED:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _PICKED.add(port)
+        return port
+    raise ClusterError(f"no free port in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1}: stop a cluster that is "
+                       "no longer needed")
 
 
 SERVE_PORT_BLOCKS = range(20000, 25000, 50)

@@ -33,6 +33,31 @@ from tests.conftest import ROOT, load_dag
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
 
 
+def test_free_port_picks_below_the_ephemeral_range_never_twice_and_never_one_in_use(monkeypatch):
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert localcluster.LISTEN_PORTS.stop <= low or localcluster.LISTEN_PORTS.start > high
+    base = localcluster.free_port()  # three ports in a row, free now, stand in for the range
+    while not all(_bindable(port) for port in range(base, base + 3)):
+        base = localcluster.free_port()
+    monkeypatch.setattr(localcluster, "LISTEN_PORTS", range(base, base + 3))
+    monkeypatch.setattr(localcluster, "_PICKED", set())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", base + 1))
+        server.listen()
+        assert sorted(localcluster.free_port() for _ in range(2)) == [base, base + 2]
+        with pytest.raises(ClusterError, match=f"no free port in {base}-{base + 2}"):
+            localcluster.free_port()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def _unused_dir(length: int) -> str:
     """A path under /tmp of exactly ``length`` characters that does not exist."""
     path = f"/tmp/rayml-test-{uuid.uuid4().hex}"
