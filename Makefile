@@ -17,6 +17,9 @@ RAY_CPUS ?=
 RAY_GPUS ?=
 
 LOWEST ?= yes
+# pytest-xdist workers for `make test`: each its own Airflow home and 2-CPU Ray head; the modules
+# that share a session fixture run in one (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install run stop test test-unit test-lowest test-gpu clean
 
@@ -39,7 +42,7 @@ stop:
 
 # `make test LOWEST=no` leaves out the lowest-versions run below.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 	$(if $(filter yes,$(LOWEST)),$(MAKE) --no-print-directory test-lowest)
 
 test-unit: $(STAMP)

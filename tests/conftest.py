@@ -4,7 +4,10 @@ what is expensive to make, made once per test run and then only read.
 The environment is fixed here, before any test module imports airflow, so tests never touch a
 developer's own Airflow home or the cluster that ``make run`` may have started.
 
-What a test run starts, each only when a selected test first asks for it (session fixtures):
+``make test`` runs two pytest-xdist workers; each is a test run of its own, with its own Airflow
+home and session fixtures, and the modules that read the same expensive session fixture run in
+the same worker (``pytest_collection_modifyitems`` below). What a test run starts, each only when a
+selected test first asks for it (session fixtures):
 
 - ``airflow_db``: the metadata database (SQLite in the throw-away AIRFLOW_HOME), migrated once;
 - ``ray_cluster`` / ``ray_conn``: one 2-CPU Ray head, without GPUs, on free ports with token auth,
@@ -37,10 +40,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Subprocesses that tests start (a worker to kill) inherit this and share the same metadata DB.
-_INHERITED = "RAYML_TEST_AIRFLOW_HOME" in os.environ
-_HOME = os.environ.get("RAYML_TEST_AIRFLOW_HOME") or tempfile.mkdtemp(prefix="airflow-ray-ml-test-")
+# Each pytest-xdist worker (`make test` runs two) is a test run of its own: its own AIRFLOW_HOME,
+# metadata DB and session cluster. Subprocesses that a test starts (a worker to kill) inherit the
+# home of the run that started them and share its metadata DB.
+_RUN = os.environ.get("PYTEST_XDIST_WORKER", "main")
+_INHERITED = "RAYML_TEST_AIRFLOW_HOME" in os.environ and os.environ.get("RAYML_TEST_RUN") == _RUN
+_HOME = (os.environ["RAYML_TEST_AIRFLOW_HOME"] if _INHERITED
+         else tempfile.mkdtemp(prefix="airflow-ray-ml-test-"))
 os.environ.update({
+    "RAYML_TEST_RUN": _RUN,
     "RAYML_TEST_AIRFLOW_HOME": _HOME,
     "AIRFLOW_HOME": _HOME,
     "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
@@ -73,6 +81,70 @@ from scripts.localcluster import interrupt_on_termination  # noqa: E402
 
 # A suite stopped by SIGTERM (a CI timeout, `timeout`) still tears its fixtures down: the clusters stop.
 interrupt_on_termination()
+
+
+SHARED_SESSION_FIXTURES = ("wine_regression", "trained_models", "served_champion", "failed_tune_run", "s3_server")
+"""What a session makes once and several modules read: the modules that ask for one of these run
+in the same pytest-xdist worker, so it is made once per test run, not once per worker."""
+
+
+def xdist_groups(fixtures_by_module: dict[str, set[str]],
+                 shared: tuple[str, ...] = SHARED_SESSION_FIXTURES) -> dict[str, str]:
+    """Each test module's group: its own name, or where modules ask for the same fixture of
+    ``shared``, one name (the first such module's) for all of them, transitively."""
+    parent = {module: module for module in fixtures_by_module}
+
+    def root(module: str) -> str:
+        while parent[module] != module:
+            module = parent[module]
+        return module
+
+    first: dict[str, str] = {}  # fixture -> the first module that asked for it
+    for module, fixtures in fixtures_by_module.items():
+        for name in shared:
+            if name in fixtures:
+                joined, own = root(first.setdefault(name, module)), root(module)
+                if joined != own:
+                    parent[own] = joined
+    return {module: root(module) for module in fixtures_by_module}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    """Put each test in an ``xdist_group`` (``make test`` runs ``--dist loadgroup``): its module's,
+    or, where modules share a fixture of ``SHARED_SESSION_FIXTURES``, one group for all of them. A
+    module's tests stay together: its module fixtures run once. Without pytest-xdist (a GPU host's
+    ``make test-gpu``), nothing."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    fixtures_by_module: dict[str, set[str]] = {}
+    for item in items:
+        fixtures_by_module.setdefault(item.nodeid.split("::")[0], set()).update(getattr(item, "fixturenames", ()))
+    groups = xdist_groups(fixtures_by_module)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
+    # The groups that share a session fixture are the longest (minutes each): handed out first, so
+    # the run does not end with one worker busy on one of them and the other idle.
+    shared = {group for module, group in groups.items() if module != group}
+    items.sort(key=lambda item: groups[item.nodeid.split("::")[0]] not in shared)  # stable: random order kept
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_group_ids(config, items):
+    """In a worker, after pytest-xdist's hook: the test ids its scheduler splits by group.
+
+    pytest-xdist 3.8 writes a group into a test's id as ``<id>@<group>`` through ``Item._nodeid``,
+    which pytest 9 no longer reads (the id is ``Item._id``, a ``NodeId``): every test then went out
+    alone and a module's fixtures ran in both workers. Where its suffix is missing, it is set here.
+    """
+    if not getattr(config, "workerinput", None) or not config.getvalue("loadgroup"):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        marker = item.get_closest_marker("xdist_group")
+        if marker and not item.nodeid.endswith(f"@{marker.args[0]}"):
+            item._id = NodeId.parse(f"{item.nodeid}@{marker.args[0]}")
 
 
 @pytest.fixture(scope="session")
