@@ -128,14 +128,38 @@ ephemeral range (32768-60999), from which the kernel gives every outgoing connec
 port. A port picked there (the old way, binding port 0) could be taken by a client connection of
 any process before the server it was picked for bound it: a Ray node whose client server then
 failed to bind died after it had been reported ready."""
+PORT_RANGE_ENV = "RAYML_PORT_RANGE"
+"""``LOW-HIGH``: the part of ``LISTEN_PORTS`` this process and its children pick from. Two processes
+that start servers side by side (the test suite's two workers) each get their own part: a port is
+picked well before it is bound (a Serve HTTP port when the first model is deployed), and HAProxy
+binds with SO_REUSEPORT, so a port two processes picked was shared, and one cluster's requests
+reached the other's Serve (404)."""
 _PICKED: set[int] = set()
+
+
+def port_range() -> range:
+    """Where ``free_port`` picks: ``LISTEN_PORTS``, or the part ``RAYML_PORT_RANGE`` names."""
+    spec = os.environ.get(PORT_RANGE_ENV)
+    if not spec:
+        return LISTEN_PORTS
+    low, _, high = spec.partition("-")
+    return range(int(low), int(high) + 1)
+
+
+def split_ports(part: int, parts: int) -> str:
+    """Part ``part`` (from 0) of ``parts`` equal parts of ``LISTEN_PORTS``, as ``RAYML_PORT_RANGE``
+    takes it."""
+    size = len(LISTEN_PORTS) // parts
+    low = LISTEN_PORTS.start + part * size
+    return f"{low}-{low + size - 1}"
 
 
 def free_port() -> int:
     """A port nothing on this machine listens on, for a server this process starts next; never one it
     picked before (a node's several ports are picked before it binds any)."""
     rng = secrets.SystemRandom()
-    for port in rng.sample(LISTEN_PORTS, len(LISTEN_PORTS)):
+    ports = port_range()
+    for port in rng.sample(ports, len(ports)):
         if port in _PICKED:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -145,8 +169,7 @@ def free_port() -> int:
                 continue
         _PICKED.add(port)
         return port
-    raise ClusterError(f"no free port in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1}: stop a cluster that is "
-                       "no longer needed")
+    raise ClusterError(f"no free port in {ports.start}-{ports.stop - 1}: stop a cluster that is no longer needed")
 
 
 SERVE_PORT_BLOCKS = range(20000, 25000, 50)

@@ -4,9 +4,9 @@ what is expensive to make, made once per test run and then only read.
 The environment is fixed here, before any test module imports airflow, so tests never touch a
 developer's own Airflow home or the cluster that ``make run`` may have started.
 
-``make test`` runs two pytest-xdist workers; each is a test run of its own, with its own Airflow
-home and session fixtures, and the modules that read the same expensive session fixture run in
-the same worker (``pytest_collection_modifyitems`` below). What a test run starts, each only when a
+``make test TEST_WORKERS=2`` runs two pytest-xdist workers; each is a test run of its own, with its
+own Airflow home, ports and session fixtures, and the modules that read the same expensive
+session fixture run in the same worker (``pytest_collection_modifyitems`` below). What a test run starts, each only when a
 selected test first asks for it (session fixtures):
 
 - ``airflow_db``: the metadata database (SQLite in the throw-away AIRFLOW_HOME), migrated once;
@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each pytest-xdist worker (`make test` runs two) is a test run of its own: its own AIRFLOW_HOME,
+# Each pytest-xdist worker (`make test TEST_WORKERS=2`) is a test run of its own: its own AIRFLOW_HOME,
 # metadata DB and session cluster. Subprocesses that a test starts (a worker to kill) inherit the
 # home of the run that started them and share its metadata DB.
 _RUN = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -77,7 +77,11 @@ for path in (ROOT, ROOT / "include"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from scripts.localcluster import interrupt_on_termination  # noqa: E402
+from scripts.localcluster import PORT_RANGE_ENV, interrupt_on_termination, split_ports  # noqa: E402
+
+if not _INHERITED and "PYTEST_XDIST_WORKER" in os.environ:  # each worker its own ports to pick from
+    os.environ[PORT_RANGE_ENV] = split_ports(int(_RUN.removeprefix("gw")),
+                                             int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 # A suite stopped by SIGTERM (a CI timeout, `timeout`) still tears its fixtures down: the clusters stop.
 interrupt_on_termination()

@@ -33,13 +33,13 @@ from tests.conftest import ROOT, load_dag
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
 
 
-def test_free_port_picks_below_the_ephemeral_range_never_twice_and_never_one_in_use(monkeypatch):
+def test_free_port_picks_below_the_ephemeral_range_in_its_part_never_twice_and_never_one_in_use(monkeypatch):
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert localcluster.LISTEN_PORTS.stop <= low or localcluster.LISTEN_PORTS.start > high
     base = localcluster.free_port()  # three ports in a row, free now, stand in for the range
     while not all(_bindable(port) for port in range(base, base + 3)):
         base = localcluster.free_port()
-    monkeypatch.setattr(localcluster, "LISTEN_PORTS", range(base, base + 3))
+    monkeypatch.setenv(localcluster.PORT_RANGE_ENV, f"{base}-{base + 2}")  # as a worker of the suite is given
     monkeypatch.setattr(localcluster, "_PICKED", set())
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", base + 1))
@@ -47,6 +47,13 @@ def test_free_port_picks_below_the_ephemeral_range_never_twice_and_never_one_in_
         assert sorted(localcluster.free_port() for _ in range(2)) == [base, base + 2]
         with pytest.raises(ClusterError, match=f"no free port in {base}-{base + 2}"):
             localcluster.free_port()
+
+
+def test_the_suites_workers_pick_ports_from_parts_that_do_not_overlap():
+    parts = [range(int(low), int(high) + 1) for low, high in
+             (localcluster.split_ports(part, 2).split("-") for part in range(2))]
+    assert not set(parts[0]) & set(parts[1]) and len(parts[0]) == len(parts[1]) > 800
+    assert all(set(part) <= set(localcluster.LISTEN_PORTS) for part in parts)
 
 
 def _bindable(port: int) -> bool:
