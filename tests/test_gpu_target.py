@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 from tests.hidden_packages import hiding_env
 
 # what the dev extra adds beyond test-gpu, by import name
-DEV_ONLY = ["playwright", "schemathesis", "hypothesis", "_hypothesis_pytestplugin", "build", "pytest_randomly"]
+DEV_ONLY = ["playwright", "schemathesis", "hypothesis", "_hypothesis_pytestplugin", "build", "pytest_randomly", "xdist"]
 
 
 def test_gpu_tests_collect_without_the_cpu_suites_packages(tmp_path):

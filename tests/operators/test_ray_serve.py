@@ -123,7 +123,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
             try:
                 reply = requests.post(f"{_endpoint()}/predict", json={"instances": [_row()]}, timeout=10)
                 if reply.status_code != 200:
-                    failures.append(reply.status_code)
+                    failures.append((reply.status_code, reply.text[:160]))  # which server answered, and why
                 else:
                     versions.add(reply.json()["model_version"])
             except requests.RequestException as err:
