@@ -154,21 +154,25 @@ def split_ports(part: int, parts: int) -> str:
     return f"{low}-{low + size - 1}"
 
 
+def port_free(port: int) -> bool:
+    """Nothing on this machine listens on ``port``, on any interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A port nothing on this machine listens on, for a server this process starts next; never one it
     picked before (a node's several ports are picked before it binds any)."""
     rng = secrets.SystemRandom()
     ports = port_range()
     for port in rng.sample(ports, len(ports)):
-        if port in _PICKED:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-        _PICKED.add(port)
-        return port
+        if port not in _PICKED and port_free(port):
+            _PICKED.add(port)
+            return port
     raise ClusterError(f"no free port in {ports.start}-{ports.stop - 1}: stop a cluster that is no longer needed")
 
 
@@ -187,13 +191,7 @@ def _port_claims() -> Path:
 
 def _block_free(base: int, size: int) -> bool:
     """Nothing on this machine listens on the block's HTTP or gRPC ports (replicas bind every interface)."""
-    for port in (*range(base, base + size), *range(base + 5000, base + 5000 + size)):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError:
-                return False
-    return True
+    return all(map(port_free, (*range(base, base + size), *range(base + 5000, base + 5000 + size))))
 
 
 def claim_serve_ports(claims: Path | None = None,

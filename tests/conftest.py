@@ -6,8 +6,9 @@ developer's own Airflow home or the cluster that ``make run`` may have started.
 
 ``make test TEST_WORKERS=2`` runs two pytest-xdist workers; each is a test run of its own, with its
 own Airflow home, ports and session fixtures, and the modules that read the same expensive
-session fixture run in the same worker (``pytest_collection_modifyitems`` below). What a test run starts, each only when a
-selected test first asks for it (session fixtures):
+session fixture run in the same worker (``pytest_collection_modifyitems`` below).
+
+What a test run starts, each only when a selected test first asks for it (session fixtures):
 
 - ``airflow_db``: the metadata database (SQLite in the throw-away AIRFLOW_HOME), migrated once;
 - ``ray_cluster`` / ``ray_conn``: one 2-CPU Ray head, without GPUs, on free ports with token auth,

@@ -37,7 +37,7 @@ def test_free_port_picks_below_the_ephemeral_range_in_its_part_never_twice_and_n
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert localcluster.LISTEN_PORTS.stop <= low or localcluster.LISTEN_PORTS.start > high
     base = localcluster.free_port()  # three ports in a row, free now, stand in for the range
-    while not all(_bindable(port) for port in range(base, base + 3)):
+    while not all(map(localcluster.port_free, range(base, base + 3))):
         base = localcluster.free_port()
     monkeypatch.setenv(localcluster.PORT_RANGE_ENV, f"{base}-{base + 2}")  # as a worker of the suite is given
     monkeypatch.setattr(localcluster, "_PICKED", set())
@@ -54,15 +54,6 @@ def test_the_suites_workers_pick_ports_from_parts_that_do_not_overlap():
              (localcluster.split_ports(part, 2).split("-") for part in range(2))]
     assert not set(parts[0]) & set(parts[1]) and len(parts[0]) == len(parts[1]) > 800
     assert all(set(part) <= set(localcluster.LISTEN_PORTS) for part in parts)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def _unused_dir(length: int) -> str:
