@@ -10,7 +10,8 @@ path can be of any length. Ray's temp dir (sessions, logs, sockets) is its ``ray
 files are in its ``hp``.
 
 A development tool (`make run`, the tests, the benches): it lives in scripts/, outside the wheel,
-since it drives Ray Serve's HAProxy through Ray-internal settings (``RAY_SERVE_HAPROXY_*``) and
+since it drives Ray Serve's HAProxy through Ray-internal settings (``RAY_SERVE_HAPROXY_*``,
+``RAY_SERVE_FALLBACK_PROXY_*``) and
 the config Ray's HAProxy template writes (haproxy_loopback.sh), which any Ray release may change.
 
 Command line (used by the Makefile)::
@@ -62,6 +63,9 @@ _HAPROXY_FILES = {
     "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
 }
 _HAPROXY_SOCKETS = ("RAY_SERVE_HAPROXY_SOCKET_PATH", "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH")
+_OWN_PORT_ENV = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+                 "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+"""Serve's listeners whose ports Ray fixes by default; each cluster gets its own (``free_port``)."""
 _DIR_PREFIX = "rayml-"
 
 
@@ -470,9 +474,13 @@ class LocalRayCluster:
         # (Ray's defaults are one /tmp/haproxy-serve for all), so clusters on one machine never share them.
         env.update({name: path for name, path in _haproxy_paths(os.path.abspath(self.temp_dir)).items()
                     if name not in self.extra_env})
-        # its stats and metrics listeners get this cluster's own ports (the defaults are fixed)
-        env.setdefault("RAY_SERVE_HAPROXY_STATS_PORT", str(free_port()))
-        env.setdefault("RAY_SERVE_HAPROXY_METRICS_PORT", str(free_port()))
+        # Its stats and metrics listeners, and the head's fallback proxy, get this cluster's own ports.
+        # Ray's defaults are fixed (8500 and 9500 for the fallback proxy), and the fallback proxy binds
+        # with SO_REUSEPORT: two clusters on one machine would share its port, so a request HAProxy
+        # passes to the fallback while an application's only replica reconfigures (a hot swap) could
+        # reach the other cluster's proxy and get its 404.
+        for name in _OWN_PORT_ENV:
+            env.setdefault(name, str(free_port()))
         if self.token_file:
             env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_file})
         elif self.token:

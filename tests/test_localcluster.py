@@ -115,6 +115,13 @@ def test_the_caller_environment_cannot_make_two_clusters_share_haproxy_files(mon
     assert one["RAY_SERVE_HAPROXY_SOCKET_PATH"] != two["RAY_SERVE_HAPROXY_SOCKET_PATH"]
 
 
+def test_two_clusters_never_share_a_serve_listener_port_ray_fixes():
+    one, two = (LocalRayCluster(temp_dir=_unused_dir(20)).env() for _ in range(2))
+    ports = [{int(env[name]) for name in localcluster._OWN_PORT_ENV} for env in (one, two)]
+    assert all(len(own) == len(localcluster._OWN_PORT_ENV) for own in ports)
+    assert not ports[0] & ports[1] and not (ports[0] | ports[1]) & {8500, 9500}
+
+
 def test_each_node_claims_its_own_serve_ports_and_a_gone_nodes_block_is_taken_over(tmp_path):
     blocks = range(19000, 19040, 10)  # outside the blocks real nodes claim
     held, ports = claim_serve_ports(tmp_path, blocks)

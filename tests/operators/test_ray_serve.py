@@ -235,6 +235,14 @@ def test_serve_binds_to_loopback_only(served_champion, ray_conn):
     bound = {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
              if c.status == psutil.CONN_LISTEN and c.pid in haproxy}
     assert len(bound) >= 2 and {ip for ip, _ in bound} == {"127.0.0.1"}, bound
+    # The head's fallback proxy (HAProxy's backup while an application has no running replica, as
+    # during a hot swap) listens on this cluster's own port, not Ray's fixed 8500 that another
+    # cluster on the machine would share through SO_REUSEPORT.
+    fallback = int(psutil.Process(cluster.leader_pids[0]).environ()["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"])
+    assert fallback != 8500
+    owners = {c.pid for c in psutil.net_connections(kind="inet")
+              if c.status == psutil.CONN_LISTEN and c.laddr == ("127.0.0.1", fallback)}
+    assert owners and owners <= set(session_pids(cluster.leader_pids[0])), owners
 
 
 def _app_config(owner: str | None, import_path: str = APP_IMPORT_PATH) -> dict:
