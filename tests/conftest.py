@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,25 @@ if not _INHERITED and "PYTEST_XDIST_WORKER" in os.environ:  # each worker its ow
 
 # A suite stopped by SIGTERM (a CI timeout, `timeout`) still tears its fixtures down: the clusters stop.
 interrupt_on_termination()
+
+_RUN_DIRS: list[str] = [] if _INHERITED else [_HOME]
+
+
+def run_dir(prefix: str) -> str:
+    """A new dir directly under /tmp (short: a test cluster's sockets live in it) that this test run
+    removes when it ends, unless a test failed: then it names the dirs it kept (the Ray logs)."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    _RUN_DIRS.append(path)
+    return path
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if session.testsfailed or exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        if len(_RUN_DIRS) > 1:
+            print(f"\nkept this run's Airflow home and Ray clusters' dirs (logs): {' '.join(_RUN_DIRS)}")
+        return
+    for path in _RUN_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 SHARED_SESSION_FIXTURES = ("wine_regression", "trained_models", "served_champion", "failed_tune_run", "s3_server")
@@ -212,7 +232,7 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
     """
     from scripts.localcluster import LocalRayCluster, new_token
 
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rx", dir="/tmp"), token=new_token(),
+    cluster = LocalRayCluster(temp_dir=run_dir("rx"), token=new_token(),
                               **{"num_cpus": 2, "num_gpus": 0, "python": RAY_PYTHON, **cluster_kwargs,
                                  "extra_env": {**TEST_CLUSTER_ENV, **cluster_kwargs.get("extra_env", {})}})
     variable = f"AIRFLOW_CONN_{conn_id.upper()}"
@@ -221,7 +241,7 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
         os.environ[variable] = json.dumps({
             "conn_type": "ray_ml",
             "extra": {"dashboard_url": cluster.dashboard_url, "auth_token": cluster.token,
-                      "artifact_root": tempfile.mkdtemp(prefix=f"{conn_id}-artifacts-")},
+                      "artifact_root": run_dir(f"{conn_id}-artifacts-")},
         })
         yield cluster
     finally:
@@ -239,8 +259,7 @@ def ray_cluster():
     Its environment is ``TEST_CLUSTER_ENV``'s."""
     from scripts.localcluster import LocalRayCluster, new_token
 
-    temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    cluster = LocalRayCluster(temp_dir=temp_dir, num_cpus=2, num_gpus=0, token=new_token(), python=RAY_PYTHON,
+    cluster = LocalRayCluster(temp_dir=run_dir("rt"), num_cpus=2, num_gpus=0, token=new_token(), python=RAY_PYTHON,
                               extra_env=TEST_CLUSTER_ENV)
     try:
         cluster.start()

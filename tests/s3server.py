@@ -8,6 +8,7 @@ process group, so several servers (and other test sessions) can run on one machi
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import secrets
 import shutil
@@ -83,6 +84,12 @@ def seaweedfs(bucket: str = "rayml", timeout_s: float = 60.0) -> Iterator[S3Serv
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         shutil.rmtree(data_dir, ignore_errors=True)
+        # and its local sockets, which it puts in /tmp as seaweedfs-<service>-<port>.sock (a gRPC
+        # port is its service's port + 10000) whatever TMPDIR says
+        for port in (int(server.endpoint_url.rsplit(":", 1)[1]), *ports.values()):
+            for path in (*glob.glob(f"/tmp/seaweedfs-*-{port}.sock"), *glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
 
 
 def _wait_ready(server: S3Server, process: subprocess.Popen, data_dir: str, timeout_s: float) -> None:

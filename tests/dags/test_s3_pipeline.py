@@ -14,10 +14,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 
 import pandas as pd
@@ -25,7 +23,7 @@ import pytest
 import requests
 
 from airflow_ray_ml_stages import artifacts
-from tests.conftest import ROOT, TEST_CLUSTER_ENV, load_dag
+from tests.conftest import ROOT, TEST_CLUSTER_ENV, load_dag, run_dir
 from tests.dags.wine_runs import ONE_TRIAL, ROW, WORSE, states
 from tests.operators.test_ray_job import _xcom
 
@@ -45,17 +43,14 @@ def s3_cluster(s3_server):
     """Two Ray nodes, each with its own temp dir and the S3 server's credentials in its environment."""
     from scripts.localcluster import LocalRayCluster, new_token
 
-    node_dir = tempfile.mkdtemp(prefix="rn", dir="/tmp")
-    cluster = LocalRayCluster(temp_dir=tempfile.mkdtemp(prefix="rh", dir="/tmp"), num_cpus=2, num_gpus=0,
+    cluster = LocalRayCluster(temp_dir=run_dir("rh"), num_cpus=2, num_gpus=0,
                               token=new_token(), extra_env={**TEST_CLUSTER_ENV, **s3_server.env})
     try:
         cluster.start()
-        cluster.add_node(num_cpus=2, num_gpus=0, temp_dir=node_dir)
+        cluster.add_node(num_cpus=2, num_gpus=0, temp_dir=run_dir("rn"))
         yield cluster
     finally:
         cluster.stop()
-        shutil.rmtree(node_dir, ignore_errors=True)
-        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
 
 
 @pytest.fixture
