@@ -54,11 +54,10 @@ test-unit: $(STAMP)
 # (constraints.txt, torch's CPU wheel from the find-links pip is set up with) but for what
 # constraints-lowest.txt holds back; scripts/lowest_bounds.py writes those constraints and then
 # checks that nothing raised a bound. The unit tests and one real stage job (a preprocess run
-# through dag.test() on a local Ray cluster) run there. Rebuilt only when a dependency file changes.
+# through dag.test() on a local Ray cluster, marked `lowest`) run there, in one pytest run. Rebuilt only when a dependency file changes.
 LOWEST_VENV := .venv-lowest
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
 LOWEST_CONSTRAINTS := constraints-lowest.txt
-LOWEST_STAGE_JOB := tests/include/test_data.py::test_preprocess_operator_in_dag_test_returns_manifest_as_xcom
 
 $(LOWEST_STAMP): pyproject.toml $(CONSTRAINTS) $(LOWEST_CONSTRAINTS) scripts/lowest_bounds.py | $(STAMP)
 	rm -rf $(LOWEST_VENV)
@@ -71,8 +70,7 @@ $(LOWEST_STAMP): pyproject.toml $(CONSTRAINTS) $(LOWEST_CONSTRAINTS) scripts/low
 	touch $(LOWEST_STAMP)
 
 test-lowest: $(LOWEST_STAMP)
-	$(LOWEST_VENV)/bin/python -m pytest -p no:randomly -n $(TEST_WORKERS) --dist loadgroup -m "not integration"
-	$(LOWEST_VENV)/bin/python -m pytest -p no:randomly $(LOWEST_STAGE_JOB)
+	$(LOWEST_VENV)/bin/python -m pytest -p no:randomly -n $(TEST_WORKERS) --dist loadgroup -m "not integration or lowest"
 
 # The GPU tests, on a machine with a CUDA GPU (`make test` skips them elsewhere). The rest of the
 # suite pins its clusters to --num-gpus=0, so `make test` passes on a GPU machine as well.

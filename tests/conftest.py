@@ -71,9 +71,9 @@ if not _INHERITED:  # a developer's own settings must not leak into the tests
                  "RAYML_ARTIFACT_ROOT"):
         os.environ.pop(name, None)
     os.environ["AIRFLOW__OPENLINEAGE__DISABLED"] = "True"  # no lineage but tests/dags/test_lineage.py's
-# The interpreter whose Ray runs the test clusters and their jobs (unset: this one). `make test-lowest`
-# sets it to the main venv's: the Airflow side at its lowest versions, the cluster side (the `ml`
-# extra) at the tested ones, two environments as in a deployment.
+# The interpreter whose Ray runs the test clusters and their jobs (unset: this one, as in `make
+# test-lowest`, whose cluster side runs the `ml` extra at its lowest versions too). Another venv's
+# puts the Airflow side and the cluster side in two environments, as in a deployment.
 RAY_PYTHON = os.environ.get("RAYML_TEST_RAY_PYTHON") or None
 for path in (ROOT, ROOT / "include"):
     if str(path) not in sys.path:
@@ -134,6 +134,16 @@ def xdist_groups(fixtures_by_module: dict[str, set[str]],
     return {module: root(module) for module in fixtures_by_module}
 
 
+def dispatch_key(groups: dict[str, str], integration_groups: set[str]):
+    """The order the workers get the groups in, as a sort key of a test's module: the longest first,
+    so that a run ends on short tests that both workers share, not with one worker busy for a
+    minute and the other idle. First the groups that share a session fixture (minutes each), then
+    the others with an integration test (a Ray job or a cluster: seconds to a minute), then those
+    without (milliseconds to seconds)."""
+    shared = {group for module, group in groups.items() if module != group}
+    return lambda module: (groups[module] not in shared, groups[module] not in integration_groups)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Put each test in an ``xdist_group`` (``make test`` runs ``--dist loadgroup``): its module's,
@@ -148,10 +158,9 @@ def pytest_collection_modifyitems(config, items):
     groups = xdist_groups(fixtures_by_module)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
-    # The groups that share a session fixture are the longest (minutes each): handed out first, so
-    # the run does not end with one worker busy on one of them and the other idle.
-    shared = {group for module, group in groups.items() if module != group}
-    items.sort(key=lambda item: groups[item.nodeid.split("::")[0]] not in shared)  # stable: random order kept
+    integration = {groups[item.nodeid.split("::")[0]] for item in items if item.get_closest_marker("integration")}
+    key = dispatch_key(groups, integration)
+    items.sort(key=lambda item: key(item.nodeid.split("::")[0]))  # stable: the random order stays
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")

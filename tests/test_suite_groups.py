@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT, xdist_groups
+from tests.conftest import ROOT, dispatch_key, xdist_groups
 
 
 def test_modules_asking_for_a_shared_fixture_share_a_group_transitively_and_the_rest_stay_apart():
@@ -23,6 +23,14 @@ def test_modules_asking_for_a_shared_fixture_share_a_group_transitively_and_the_
     assert groups["a.py"] == groups["b.py"] != groups["c.py"]
     assert groups["c.py"] == groups["d.py"] == groups["e.py"] == groups["f.py"]
     assert groups["g.py"] == "g.py" and len(set(groups.values())) == 3
+
+
+def test_the_groups_go_out_longest_first_shared_then_integration_then_the_rest_in_their_order():
+    groups = xdist_groups({"unit.py": {"tmp_path"}, "job.py": {"ray_conn"}, "a.py": {"trained_models"},
+                           "unit2.py": set(), "b.py": {"trained_models"}, "job2.py": {"ray_conn"}})
+    modules = ["unit.py", "job.py", "a.py", "unit2.py", "job2.py", "b.py"]  # as randomly collected
+    ordered = sorted(modules, key=dispatch_key(groups, integration_groups={"job.py", "job2.py", groups["a.py"]}))
+    assert ordered == ["a.py", "b.py", "job.py", "job2.py", "unit.py", "unit2.py"]
 
 
 def test_two_workers_run_each_test_under_its_modules_group():

@@ -518,6 +518,7 @@ def test_data_stage_invalid_input_names_file_column_and_rows_and_writes_nothing(
 # -- the operator in a DAG -----------------------------------------------------------------------
 
 @pytest.mark.integration
+@pytest.mark.lowest
 def test_preprocess_operator_in_dag_test_returns_manifest_as_xcom(airflow_db, ray_conn):
     from tests.operators.test_ray_job import _run, _xcom
 
