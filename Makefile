@@ -41,19 +41,10 @@ run: $(STAMP)
 stop:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python scripts/stack.py down; else echo "nothing to stop"; fi
 
-# `make test LOWEST=no` leaves out the lowest-versions run below. That run goes beside the suite,
-# at a lower CPU priority (nice 10): the suite leaves about a tenth of the cores idle while its
-# tasks wait on their Ray jobs, which the lowest run's unit tests fill. Each run picks its ports
-# from a part of its own (RAYML_PORT_RANGE); the lowest run's output follows the suite's.
-SUITE_PORTS := 31000-32299
-LOWEST_PORTS := 32300-32767
-test: $(STAMP) $(if $(filter yes,$(LOWEST)),$(LOWEST_STAMP))
-	@lowest=; if [ "$(LOWEST)" = yes ]; then mkdir -p .run; \
-		RAYML_PORT_RANGE=$(LOWEST_PORTS) nice -n 10 $(LOWEST_PYTEST) > .run/test-lowest.log 2>&1 & lowest=$$!; fi; \
-	RAYML_PORT_RANGE=$(SUITE_PORTS) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup; suite=$$?; \
-	low=0; if [ -n "$$lowest" ]; then wait $$lowest; low=$$?; \
-		echo "--- make test-lowest, run beside the suite (.run/test-lowest.log):"; cat .run/test-lowest.log; fi; \
-	[ $$suite -eq 0 ] && [ $$low -eq 0 ]
+# `make test LOWEST=no` leaves out the lowest-versions run below.
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(if $(filter yes,$(LOWEST)),$(MAKE) --no-print-directory test-lowest)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -m "not integration"
@@ -78,9 +69,8 @@ $(LOWEST_STAMP): pyproject.toml $(CONSTRAINTS) $(LOWEST_CONSTRAINTS) scripts/low
 	$(LOWEST_VENV)/bin/python scripts/lowest_bounds.py
 	touch $(LOWEST_STAMP)
 
-LOWEST_PYTEST := $(LOWEST_VENV)/bin/python -m pytest -p no:randomly -n $(TEST_WORKERS) --dist loadgroup -m "not integration or lowest"
 test-lowest: $(LOWEST_STAMP)
-	$(LOWEST_PYTEST)
+	$(LOWEST_VENV)/bin/python -m pytest -p no:randomly -n $(TEST_WORKERS) --dist loadgroup -m "not integration or lowest"
 
 # The GPU tests, on a machine with a CUDA GPU (`make test` skips them elsewhere). The rest of the
 # suite pins its clusters to --num-gpus=0, so `make test` passes on a GPU machine as well.

@@ -150,10 +150,11 @@ def port_range() -> range:
     return range(int(low), int(high) + 1)
 
 
-def split_ports(part: int, parts: int, ports: range = LISTEN_PORTS) -> str:
-    """Part ``part`` (from 0) of ``parts`` equal parts of ``ports``, as ``RAYML_PORT_RANGE`` takes it."""
-    size = len(ports) // parts
-    low = ports.start + part * size
+def split_ports(part: int, parts: int) -> str:
+    """Part ``part`` (from 0) of ``parts`` equal parts of ``LISTEN_PORTS``, as ``RAYML_PORT_RANGE``
+    takes it."""
+    size = len(LISTEN_PORTS) // parts
+    low = LISTEN_PORTS.start + part * size
     return f"{low}-{low + size - 1}"
 
 

@@ -82,11 +82,11 @@ for path in (ROOT, ROOT / "include"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from scripts.localcluster import PORT_RANGE_ENV, interrupt_on_termination, port_range, split_ports  # noqa: E402
+from scripts.localcluster import PORT_RANGE_ENV, interrupt_on_termination, split_ports  # noqa: E402
 
-if not _INHERITED and "PYTEST_XDIST_WORKER" in os.environ:  # each worker its own part of the run's ports
+if not _INHERITED and "PYTEST_XDIST_WORKER" in os.environ:  # each worker its own ports to pick from
     os.environ[PORT_RANGE_ENV] = split_ports(int(_RUN.removeprefix("gw")),
-                                             int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), port_range())
+                                             int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 # A suite stopped by SIGTERM (a CI timeout, `timeout`) still tears its fixtures down: the clusters stop.
 interrupt_on_termination()
