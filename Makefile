@@ -54,7 +54,8 @@ test-unit: $(STAMP)
 # (constraints.txt, torch's CPU wheel from the find-links pip is set up with) but for what
 # constraints-lowest.txt holds back; scripts/lowest_bounds.py writes those constraints and then
 # checks that nothing raised a bound. The unit tests and one real stage job (a preprocess run
-# through dag.test() on a local Ray cluster, marked `lowest`) run there, in one pytest run. Rebuilt only when a dependency file changes.
+# through dag.test() on a local Ray cluster, marked `lowest`) run there, in one pytest run.
+# Rebuilt only when a dependency file changes.
 LOWEST_VENV := .venv-lowest
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
 LOWEST_CONSTRAINTS := constraints-lowest.txt

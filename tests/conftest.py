@@ -4,7 +4,7 @@ what is expensive to make, made once per test run and then only read.
 The environment is fixed here, before any test module imports airflow, so tests never touch a
 developer's own Airflow home or the cluster that ``make run`` may have started.
 
-``make test TEST_WORKERS=2`` runs two pytest-xdist workers; each is a test run of its own, with its
+``make test`` runs two pytest-xdist workers (``TEST_WORKERS``); each is a test run of its own, with its
 own Airflow home, ports and session fixtures, and the modules that read the same expensive
 session fixture run in the same worker (``pytest_collection_modifyitems`` below).
 
@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each pytest-xdist worker (`make test TEST_WORKERS=2`) is a test run of its own: its own AIRFLOW_HOME,
+# Each pytest-xdist worker (`make test` runs two) is a test run of its own: its own AIRFLOW_HOME,
 # metadata DB and session cluster. Subprocesses that a test starts (a worker to kill) inherit the
 # home of the run that started them and share its metadata DB.
 _RUN = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -155,15 +155,16 @@ def pytest_collection_modifyitems(config, items):
     ``make test-gpu``), nothing."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    module = {item: item.nodeid.split("::")[0] for item in items}
     fixtures_by_module: dict[str, set[str]] = {}
     for item in items:
-        fixtures_by_module.setdefault(item.nodeid.split("::")[0], set()).update(getattr(item, "fixturenames", ()))
+        fixtures_by_module.setdefault(module[item], set()).update(getattr(item, "fixturenames", ()))
     groups = xdist_groups(fixtures_by_module)
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
-    integration = {groups[item.nodeid.split("::")[0]] for item in items if item.get_closest_marker("integration")}
+        item.add_marker(pytest.mark.xdist_group(groups[module[item]]))
+    integration = {groups[module[item]] for item in items if item.get_closest_marker("integration")}
     key = dispatch_key(groups, integration)
-    items.sort(key=lambda item: key(item.nodeid.split("::")[0]))  # stable: the random order stays
+    items.sort(key=lambda item: key(module[item]))  # stable: the random order stays
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
