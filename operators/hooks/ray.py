@@ -14,8 +14,10 @@ import contextlib
 import copy
 import logging
 import os
+import queue
 import re
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import cached_property
@@ -73,6 +75,10 @@ STATUS_POLL_S = 1.0
 # it, so a follower that leaves first (the job has ended, or its wait is over) would otherwise
 # wait until the dashboard ends the stream itself, seconds later.
 LOG_STREAM_CLOSE_S = 0.1
+# How long a sync follower that leaves waits for its reader thread to close the stream.
+LOG_READER_JOIN_S = 5.0
+# What a log reader thread sends last (with the error that ended the stream, or None).
+_LOG_END = object()
 TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 HOW_TO_FIX = (
     "start a local cluster with `make run` (or `ray start --head --dashboard-host=127.0.0.1`), "
@@ -84,6 +90,15 @@ def _ws_close_timeout(aiohttp: Any) -> Any:
     """``ws_connect``'s timeout: LOG_STREAM_CLOSE_S to close (aiohttp before 3.11 takes it as a number)."""
     settings = getattr(aiohttp, "ClientWSTimeout", None)
     return LOG_STREAM_CLOSE_S if settings is None else settings(ws_receive=None, ws_close=LOG_STREAM_CLOSE_S)
+
+
+def _run_until_complete(loop: asyncio.AbstractEventLoop, main: asyncio.Task) -> None:
+    """A log reader thread's body: run ``main`` in ``loop``, then close the loop as asyncio.run would."""
+    try:
+        loop.run_until_complete(main)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
 
 
 def normalise_dashboard_url(host: str, port: int | None = None, scheme: str = "http") -> str:
@@ -804,29 +819,51 @@ class RayHook(BaseHook):
                       status_poll_s: float = STATUS_POLL_S) -> Iterator[str]:
         """Sync twin of :meth:`a_tail_job_logs`, for a worker following its job.
 
+        The stream is read by an event loop in a thread of its own, and this generator waits on
+        what it hands over. A signal's exception (Airflow's ``execution_timeout``, its SIGTERM)
+        therefore always lands in the caller's code: raised inside an event-loop callback, asyncio
+        would log it and carry on, and the task would follow its job to the end.
+
         Raises ``TimeoutError`` when the stream has not ended after ``timeout_s`` seconds.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._settings  # the connection is read here, in the task's thread, never in the reader's
+        received: queue.SimpleQueue = queue.SimpleQueue()
         loop = asyncio.new_event_loop()
-        lines = self.a_tail_job_logs(submission_id, offset=offset, status_poll_s=status_poll_s)
+        pump = loop.create_task(self._pump_log_lines(submission_id, offset, status_poll_s, received))
+        reader = threading.Thread(target=_run_until_complete, args=(loop, pump), daemon=True,
+                                  name=f"ray-log-tail-{submission_id}")
+        reader.start()
         try:
             while True:
                 remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 try:
-                    line = loop.run_until_complete(asyncio.wait_for(anext(lines), remaining))
-                except StopAsyncIteration:
+                    line, error = received.get(timeout=remaining)
+                except queue.Empty:
+                    raise TimeoutError(f"the log of Ray job {submission_id} did not end within {timeout_s} s") from None
+                if line is _LOG_END:
+                    if error is not None:
+                        raise error
                     return
                 yield line
         finally:
-            # After an interrupt (a signal's exception) the stream may still be mid-read, in a task
-            # of this loop: cancel it, as asyncio.run does, so the stream closes while the loop runs.
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(lines.aclose())
-            loop.close()
+            # The reader leaves (an interrupt, a timeout, or the end): the stream closes in its own loop.
+            with contextlib.suppress(RuntimeError):  # that loop has already closed
+                loop.call_soon_threadsafe(pump.cancel)
+            reader.join(timeout=LOG_READER_JOIN_S)
+
+    async def _pump_log_lines(self, submission_id: str, offset: int, status_poll_s: float,
+                              received: queue.SimpleQueue) -> None:
+        """Put each line of the tail on ``received``, then ``(_LOG_END, error or None)``."""
+        try:
+            async for line in self.a_tail_job_logs(submission_id, offset=offset, status_poll_s=status_poll_s):
+                received.put((line, None))
+        except asyncio.CancelledError:
+            return  # the reader has left
+        except Exception as err:
+            received.put((_LOG_END, err))
+        else:
+            received.put((_LOG_END, None))
 
     # -- Serve --------------------------------------------------------------------------------
 

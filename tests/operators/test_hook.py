@@ -375,6 +375,48 @@ def test_tail_refused_with_another_status_names_it(fake_jobs_api):
         list(RayHook("ray_fake").tail_job_logs("job-1"))
 
 
+class _Alarm(BaseException):
+    """Raised by a signal handler, as Airflow's execution_timeout raises AirflowTaskTimeout (a BaseException)."""
+
+
+def test_a_signals_exception_always_reaches_the_follower_of_a_busy_log(fake_jobs_api):
+    """Airflow stops a task past its execution_timeout by raising from a SIGALRM handler. Each alarm
+    here, at a random moment while lines pour in, must end the follow at once: never be lost inside
+    the stream's reading (which would follow the job to its end, or hang), never need a second one."""
+    import random
+    import signal
+
+    from tests.operators.fake_jobs_api import Stream
+
+    def alarm(signum, frame):
+        nonlocal delivered
+        delivered += 1
+        raise _Alarm()
+
+    hook, delivered, outcomes = RayHook("ray_fake"), 0, []
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        for trial in range(25):
+            job = f"job-{trial}"
+            fake_jobs_api.add_job(job)  # RUNNING: its stream stays open after these long lines
+            fake_jobs_api.script("GET", f"/api/jobs/{job}/logs/tail",
+                                 Stream([f"line {n} " * 4000 + "\n" for n in range(1000)], close_code=None))
+            delivered = 0
+            # the first alarm at a random moment; should it be lost, more follow every half second
+            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.02, 0.1), 0.5)
+            try:
+                for _ in hook.tail_job_logs(job, timeout_s=20):
+                    pass
+                outcomes.append("followed to the end")
+            except _Alarm:
+                outcomes.append(f"stopped by alarm {delivered}")
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert set(outcomes) == {"stopped by alarm 1"}, outcomes
+
+
 def test_tail_gives_up_after_its_timeout_and_stop_ends_the_job(fake_jobs_api):
     import time
 
