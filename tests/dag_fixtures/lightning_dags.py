@@ -28,8 +28,6 @@ def _tune_then_train(dag_id: str) -> DAG:
     return dag
 
 
-# The suite's environment has both packages: Ray's Lightning classes come from lightning.pytorch.
-lightning_both = _tune_then_train("lightning_both")
 # Jobs whose every process has `lightning` hidden (tests/hidden_packages.py): pytorch_lightning.
 lightning_hidden = _tune_then_train("lightning_hidden")
 

@@ -1,6 +1,7 @@
 """Lightning under either package name: models/lightning_package.py decides as Ray does, every path
-trains with both packages installed and with ``lightning`` hidden, and training errors a retry cannot
-fix fail the task once (train/failures.py)."""
+trains with both packages installed and with ``lightning`` hidden (a Ray Train worker with both:
+test_ray_train.py's killed-worker Lightning run), and training errors a retry cannot fix fail the
+task once (train/failures.py)."""
 
 from __future__ import annotations
 
@@ -183,20 +184,17 @@ def preprocess(tmp_path_factory) -> dict:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("dag_id, hidden, expected", [
-    pytest.param("lightning_both", [], "lightning.pytorch", id="both_installed"),
-    pytest.param("lightning_hidden", ["lightning"], "pytorch_lightning", id="lightning_hidden"),
-])
-def test_lightning_search_then_ray_train_pass_with_the_package_ray_chose(airflow_db, ray_conn, preprocess, tmp_path,
-                                                                         dag_id, hidden, expected):
-    conf = {"preprocess": preprocess}
-    if hidden:
-        # Every process of the jobs (driver, Tune trials, Ray Train workers) starts with the hiding
-        # sitecustomize on its PYTHONPATH, which Ray puts in front of the node's own: on the session's
-        # cluster, as on a cluster whose image lacks the package.
-        directory = hiding_env(hidden, tmp_path / "hide", env={})["PYTHONPATH"]
-        conf["runtime_env"] = {"env_vars": {"PYTHONPATH": directory}}
-    dag_run = load_dag(dag_id).test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE, run_conf=conf)
+def test_lightning_search_then_ray_train_pass_with_lightning_hidden(airflow_db, ray_conn, preprocess, tmp_path):
+    """The jobs' every process (driver, Tune trials, Ray Train worker) lacks ``lightning``: Ray's
+    classes and the models come from ``pytorch_lightning``. With both packages installed, as in the
+    suite's environment, Ray Train workers are test_ray_train.py's killed-worker Lightning run, and
+    in-process training (what a Tune trial does) test_in_process_lightning_training_records_the_package_it_used."""
+    expected = "pytorch_lightning"
+    # Every process of the jobs starts with the hiding sitecustomize on its PYTHONPATH, which Ray puts
+    # in front of the node's own: on the session's cluster, as on a cluster whose image lacks the package.
+    directory = hiding_env(["lightning"], tmp_path / "hide", env={})["PYTHONPATH"]
+    conf = {"preprocess": preprocess, "runtime_env": {"env_vars": {"PYTHONPATH": directory}}}
+    dag_run = load_dag("lightning_hidden").test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE, run_conf=conf)
     assert dag_run.state == "success", {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     tune = _xcom(dag_run, "tune")
     assert tune["trials"]["completed"] == 2 and tune["trials"]["failed"] == 0

@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 
 from airflow_ray_ml.errors import RayOperatorError
 from airflow_ray_ml.ray_train import RayTrainOperator
+from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.models import load_model
 from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import extra_cluster, load_dag, requires_cuda
@@ -170,6 +172,10 @@ def test_train_worker_killed_mid_run_resumes_from_checkpoint_and_succeeds(airflo
     assert training["epochs_run"] == 12
     assert manifest["compute_used"]["local_mode"] is False and manifest["compute_used"]["num_workers"] == 1
     assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
+    # Both Lightning packages are installed here: the Ray Train worker took Ray's, lightning.pytorch
+    # (with `lightning` hidden: tests/include/test_lightning_package.py).
+    versions = ModelCard.read(manifest["model_dir"]).framework_versions
+    assert versions["lightning.pytorch"] == version("lightning") and "pytorch_lightning" not in versions, versions
 
 
 @pytest.mark.integration
