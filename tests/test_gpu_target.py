@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.hidden_packages import hiding_env
 
@@ -17,6 +19,7 @@ from tests.hidden_packages import hiding_env
 DEV_ONLY = ["playwright", "schemathesis", "hypothesis", "_hypothesis_pytestplugin", "build", "pytest_randomly", "xdist"]
 
 
+@pytest.mark.harness
 def test_gpu_tests_collect_without_the_cpu_suites_packages(tmp_path):
     env = hiding_env(DEV_ONLY, tmp_path / "hide")
     # no plugin loads by entry point: those of the hidden packages are not installed on the host

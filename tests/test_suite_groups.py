@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, dispatch_key, xdist_groups
 
 
@@ -33,6 +35,7 @@ def test_the_groups_go_out_longest_first_shared_then_integration_then_the_rest_i
     assert ordered == ["a.py", "b.py", "job.py", "job2.py", "unit.py", "unit2.py"]
 
 
+@pytest.mark.harness
 def test_two_workers_run_each_test_under_its_modules_group():
     """pytest-xdist reads the groups into the test ids when a worker collects: ours must be set first,
     or every test is scheduled alone and a module's fixtures run in both workers."""
