@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import structlog
@@ -117,7 +118,8 @@ def test_hook_unreachable_cluster_one_clear_sentence(monkeypatch):
         hook.check_access()
     message = str(caught.value)
     assert url in message and "make run" in message and "'ray_down'" in message
-    assert "ConnectionError on GET /api/version, 2 tries in 0 s" in message
+    # the tries' seconds are measured (about 0 here, more on a loaded machine), the rest is fixed
+    assert re.search(r"\(ConnectionError on GET /api/version, 2 tries in \d+ s\)", message), message
     assert caught.value.__cause__ is None and "Traceback" not in message
     ok, text = hook.test_connection()
     assert ok is False and url in text
