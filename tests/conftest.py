@@ -61,7 +61,7 @@ os.environ.update({
     # The project's DAGs and the tests' own small DAGs, each in a bundle, so dag.test() finds both.
     # The tests' first: a DAG's first dag.test() parses and serializes the bundles in this order
     # until one holds it, and serializing the wine pipeline (its many Params, in every task) takes
-    # about a second, which the tests' fifty DAGs then skip.
+    # a few tenths of a second, which the tests' fifty DAGs then skip.
     "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
         {"name": "test-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
          "kwargs": {"path": str(ROOT / "tests" / "dag_fixtures")}},

@@ -396,13 +396,13 @@ def test_a_signals_exception_always_reaches_the_follower_of_a_busy_log(fake_jobs
         raise _Alarm()
 
     hook, delivered, outcomes = RayHook("ray_fake"), 0, []
+    long_lines = [f"line {n} " * 4000 + "\n" for n in range(1000)]
     previous = signal.signal(signal.SIGALRM, alarm)
     try:
         for trial in range(25):
             job = f"job-{trial}"
             fake_jobs_api.add_job(job)  # RUNNING: its stream stays open after these long lines
-            fake_jobs_api.script("GET", f"/api/jobs/{job}/logs/tail",
-                                 Stream([f"line {n} " * 4000 + "\n" for n in range(1000)], close_code=None))
+            fake_jobs_api.script("GET", f"/api/jobs/{job}/logs/tail", Stream(long_lines, close_code=None))
             delivered = 0
             # the first alarm at a random moment; should it be lost, more follow every half second
             signal.setitimer(signal.ITIMER_REAL, random.uniform(0.02, 0.1), 0.5)
