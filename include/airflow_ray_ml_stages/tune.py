@@ -267,14 +267,21 @@ def _storage_path(artifact_dir: str) -> str:
     return artifacts.ray_storage_path(artifacts.join(artifact_dir, TUNE_RUNS_DIR))
 
 
-def _searcher(spec: TuneSpec):
+def _searcher(spec: TuneSpec, max_concurrent: int):
+    """The search algorithm, holding to ``max_concurrent`` trials at once. Ray Tune applies
+    ``TuneConfig.max_concurrent_trials`` to a ``Searcher`` (Optuna's) only, and ignores it, with a
+    warning, for the random search's generator, which takes its own limit."""
+    from ray.tune.search import ConcurrencyLimiter
+
     if spec.searcher == "optuna":
         from ray.tune.search.optuna import OptunaSearch
 
-        return OptunaSearch(seed=spec.seed)  # TPE; metric and mode come from TuneConfig
+        # TPE; metric and mode come from TuneConfig
+        return ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=max_concurrent)
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=spec.seed, points_to_evaluate=spec.start_points() or None)
+    return BasicVariantGenerator(random_state=spec.seed, points_to_evaluate=spec.start_points() or None,
+                                 max_concurrent=max_concurrent)
 
 
 def _scheduler(spec: TuneSpec):
@@ -400,6 +407,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     """Run the search on the connected Ray cluster and write the leaderboard, plot and best model."""
     import ray
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from airflow_ray_ml_stages.train.splits import ParquetSplit, label_stats, scaler_plan
 
@@ -447,13 +455,14 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
         param_space=space.to_ray(spec.start_points()),
         tune_config=tune.TuneConfig(
             metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
-            max_concurrent_trials=plan.max_concurrent, search_alg=_searcher(spec),
+            search_alg=_searcher(spec, plan.max_concurrent),
             scheduler=_scheduler(spec), time_budget_s=spec.time_budget_s, reuse_actors=spec.reuse_actors,
         ),
         run_config=tune.RunConfig(
             name=name, storage_path=_storage_path(spec.artifact_dir), verbose=1,
             failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
-            callbacks=[clock.callback], stop=clock.stopper,
+            # a trial's history (the plot) is read back from these two loggers' files
+            callbacks=[clock.callback, CSVLoggerCallback(), JsonLoggerCallback()], stop=clock.stopper,
         ),
     )
     results = tuner.fit()

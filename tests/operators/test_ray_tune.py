@@ -50,6 +50,8 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     trials = manifest["trials"]
     assert trials["total"] == 4 and trials["failed"] == 0 and trials["completed"] >= 1
     assert trials["completed"] + trials["early_stopped"] == 4
+    # the DAG's max_concurrent_trials=2 holds, though the trials' CPUs would fit all four at once
+    assert 1 <= manifest["most_trials_at_once"] <= 2
 
     rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
     assert [row["rank"] for row in rows] == [1, 2, 3, 4] and len({row["trial_id"] for row in rows}) == 4
@@ -75,6 +77,11 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     assert [row["trial_id"] for row in table] == [row["trial_id"] for row in rows]
     assert float(table[0]["val_rmse"]) == manifest["best_metric"]
     assert Path(manifest["plot_uri"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Each trial's history (the plot's curves) is kept by Tune's CSV and JSON loggers; no TensorBoard
+    # files, whose logger costs a second of imports (constants.JOB_ENV_VARS)
+    written = {path.name for path in (Path(manifest["artifact_dir"]) / "tune_runs").rglob("*") if path.is_file()}
+    assert {"progress.csv", "result.json"} <= written
+    assert not [name for name in written if name.startswith("events.out.tfevents")]
 
     # The best checkpoint is a model directory that predicts the metric the leaderboard shows.
     model = load_model(manifest["best_checkpoint_uri"])
