@@ -1,4 +1,4 @@
-"""RayBatchScoreOperator: score a file of new rows with a trained model, as a Ray Data job."""
+"""RayBatchScoreOperator: score a file of new rows with a trained model, as a Ray job (Ray Data for a large input)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ class RayBatchScoreOperator(StageOperator):
     """Write predictions for a CSV/Parquet file next to it, with Ray Data's batch-inference pattern.
 
     Runs the ``score`` stage (``python -m airflow_ray_ml_stages.score``): a pool of actors that each load the
-    model once scores the input in batches; the output is the input's rows plus a prediction
+    model once scores the input in batches (an input of at most ``direct_max_bytes`` is scored so in
+    the job's driver, without Ray Data's start-up: ``engine``); the output is the input's rows plus a prediction
     column, in the input's format, at ``<input name>.predictions-<model version>`` (never over an
     earlier output). The XCom is the stage's manifest (``output_uri``, ``rows``, ``model_version``,
     a summary of the predictions).

@@ -1,10 +1,13 @@
 """Stage ``score``: batch predictions for a file of new rows with a trained model, on Ray Data.
 
 Run as ``python -m airflow_ray_ml_stages.score --spec '<json>'`` (a Ray job). The stage reads the input (CSV in
-either delimiter, or Parquet; one file or a directory of them) as a Ray Dataset, scores it with
-``map_batches`` on a pool of actors that each load the model directory once (Ray Data's
-batch-inference pattern: the model is never shipped with every batch), and writes the input rows
-plus a prediction column next to the input, in the input's format. A classification model's
+either delimiter, or Parquet; one file or a directory of them), scores it in batches with a model
+loaded once, and writes the input rows plus a prediction column next to the input, in the input's
+format. Two engines do it alike (``engine``): ``ray_data`` reads the input as a Ray Dataset and
+scores it with ``map_batches`` on a pool of actors that each load the model directory once (Ray
+Data's batch-inference pattern: the model is never shipped with every batch); ``direct`` scores
+each file in the job's driver, which skips Ray Data's start-up (seconds, more than a small file's
+whole work). ``auto`` picks by the input's size. A classification model's
 prediction is the class, and each class's probability gets a column of its own
 (``probability_<class>``).
 
@@ -96,8 +99,24 @@ def default_output(input_uri: str, model_version: str) -> str:
     return artifacts.join(parent, candidate) if parent else candidate
 
 
+def choose_engine(spec: ScoreSpec, files: list[str]) -> tuple[str, str]:
+    """``direct`` or ``ray_data``, and why."""
+    if spec.engine != "auto":
+        return spec.engine, f"engine={spec.engine!r} set in the spec"
+    size = 0
+    for uri in files:
+        filesystem, path = artifacts.resolve(uri)
+        size += filesystem.get_file_info(path).size or 0
+    if size <= spec.direct_max_bytes:
+        return "direct", (f"{size:,} input bytes <= direct_max_bytes={spec.direct_max_bytes:,}: the model scores "
+                          "in the job's driver, no Ray Data start-up")
+    return "ray_data", (f"{size:,} input bytes > direct_max_bytes={spec.direct_max_bytes:,}: {spec.concurrency} "
+                        "Ray Data actor(s)")
+
+
 class BatchScorer:
-    """A Ray Data actor: loads the model directory once, then scores pandas batches."""
+    """Loads the model directory once, then scores pandas batches: a Ray Data actor (engine
+    ``ray_data``) or an object in the job's driver (``direct``)."""
 
     def __init__(self, model_dir: str, prediction_column: str, colour_by_path: bool) -> None:
         from airflow_ray_ml_stages.serve import LoadedModel
@@ -167,6 +186,76 @@ def _user_error(err: Exception) -> str | None:
     return text.split(_ERROR_MARK, 1)[1].splitlines()[0].strip()
 
 
+def _score_direct(files: list[str], output_format: str, delimiter: str | None, scorer: BatchScorer,
+                  target: str, batch_size: int) -> None:
+    """Score each file in this process into a file of its own under ``target``: the rows read as
+    Ray Data's readers read them (pyarrow, the whole file), the model called ``batch_size`` rows at a
+    time, the output written as Ray Data writes it."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    for index, uri in enumerate(files):
+        filesystem, path = artifacts.resolve(uri)
+        if output_format == "parquet":
+            with filesystem.open_input_file(path) as handle:
+                table = pq.read_table(handle)
+        else:
+            with filesystem.open_input_stream(path) as stream:
+                table = pacsv.read_csv(stream, parse_options=pacsv.ParseOptions(delimiter=delimiter))
+        if not table.num_rows:
+            continue
+        batches = []
+        for offset in range(0, table.num_rows, batch_size):
+            batch = table.slice(offset, batch_size).to_pandas()
+            if scorer.colour_by_path:
+                batch[PATH_COLUMN] = path
+            batches.append(scorer(batch))
+        scored = pa.Table.from_pandas(pd.concat(batches, ignore_index=True), preserve_index=False)
+        sink = pa.BufferOutputStream()
+        if output_format == "parquet":
+            pq.write_table(scored, sink)
+        else:
+            pacsv.write_csv(scored, sink)
+        artifacts.write_bytes_atomic(artifacts.join(target, f"part-{index:05d}.{output_format}"),
+                                     sink.getvalue().to_pybytes())
+
+
+def _score_on_ray_data(files: list[str], output_format: str, delimiter: str | None, colour_by_path: bool,
+                       spec: ScoreSpec, prediction_column: str, target: str) -> None:
+    import pyarrow.csv as pacsv
+    import ray
+    import ray.data
+
+    ray.init(address="auto", logging_level=logging.WARNING)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.execution_options.preserve_order = True  # predictions in the input's row order
+    filesystem, _ = artifacts.resolve(files[0])
+    paths = [artifacts.resolve(f)[1] for f in files]
+    io_args = {"num_cpus": IO_TASK_CPUS}
+    if output_format == "parquet":
+        dataset = ray.data.read_parquet(paths, filesystem=filesystem, include_paths=colour_by_path,
+                                        ray_remote_args=io_args)
+    else:
+        dataset = ray.data.read_csv(
+            paths, filesystem=filesystem, include_paths=colour_by_path,
+            parse_options=pacsv.ParseOptions(delimiter=delimiter), ray_remote_args=io_args,
+        )
+    if colour_by_path:
+        dataset = dataset.rename_columns({"path": PATH_COLUMN})
+    scored = dataset.map_batches(
+        BatchScorer, fn_constructor_args=(spec.model_dir, prediction_column, colour_by_path),
+        batch_format="pandas", batch_size=spec.batch_size, concurrency=spec.concurrency,
+        num_cpus=spec.cpus_per_actor,
+    )
+    if output_format == "parquet":
+        scored.write_parquet(target, ray_remote_args=io_args)
+    else:
+        scored.write_csv(target, ray_remote_args=io_args)
+
+
 def _summary(output_uri: str, output_format: str, column: str, classification: bool) -> tuple[int, dict[str, float]]:
     """Rows and the predictions' mean, min and max (regression) or count per class (classification)."""
     import pyarrow.compute as pc
@@ -205,8 +294,6 @@ def _columns(files: list[str], output_format: str) -> tuple[list[str], str | Non
 def run_scoring(spec: ScoreSpec) -> ScoreResult:
     """Score ``spec.input_uri`` with the model; everything a file or a model can get wrong is checked
     before the job connects to Ray (only a value the model cannot read is found while scoring)."""
-    import pyarrow.csv as pacsv
-
     from airflow_ray_ml_stages.preprocessor import Preprocessor
 
     card = ModelCard.read(spec.model_dir)
@@ -233,44 +320,23 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
         raise DataSourceError(f"output_uri {output_uri!r} exists; predictions never overwrite earlier ones: "
                               "choose another output_uri or leave it empty")
 
-    import ray
-    import ray.data
-
-    ray.init(address="auto", logging_level=logging.WARNING)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.execution_options.preserve_order = True  # predictions in the input's row order
-    filesystem, _ = artifacts.resolve(files[0])
-    paths = [artifacts.resolve(f)[1] for f in files]
-    io_args = {"num_cpus": IO_TASK_CPUS}
-    if output_format == "parquet":
-        dataset = ray.data.read_parquet(paths, filesystem=filesystem, include_paths=colour_by_path,
-                                        ray_remote_args=io_args)
-    else:
-        dataset = ray.data.read_csv(
-            paths, filesystem=filesystem, include_paths=colour_by_path,
-            parse_options=pacsv.ParseOptions(delimiter=delimiter), ray_remote_args=io_args,
-        )
-    if colour_by_path:
-        dataset = dataset.rename_columns({"path": PATH_COLUMN})
-
+    engine, why = choose_engine(spec, files)
+    log.info("engine %s: %s", engine, why)
     local = not artifacts.is_remote(output_uri)
     target = output_uri
     if local:  # write into a hidden sibling, rename into place once everything succeeded
         final_path = artifacts.resolve(output_uri)[1]
         target = os.path.join(os.path.dirname(final_path), f".{os.path.basename(final_path)}.tmp-{uuid.uuid4().hex[:8]}")
-    scored = dataset.map_batches(
-        BatchScorer, fn_constructor_args=(spec.model_dir, prediction_column, colour_by_path),
-        batch_format="pandas", batch_size=spec.batch_size, concurrency=spec.concurrency,
-        num_cpus=spec.cpus_per_actor,
-    )
     log.info("scoring %s (%d file(s), %s) with model %s into %s", spec.input_uri, len(files), output_format,
              version, output_uri)
     try:
-        if output_format == "parquet":
-            scored.write_parquet(target if local else output_uri, ray_remote_args=io_args)
+        if engine == "direct":
+            if local:
+                os.makedirs(target)
+            scorer = BatchScorer(spec.model_dir, prediction_column, colour_by_path)
+            _score_direct(files, output_format, delimiter, scorer, target, spec.batch_size)
         else:
-            scored.write_csv(target if local else output_uri, ray_remote_args=io_args)
+            _score_on_ray_data(files, output_format, delimiter, colour_by_path, spec, prediction_column, target)
     except Exception as err:
         if local:
             shutil.rmtree(target, ignore_errors=True)
@@ -284,7 +350,7 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     log.info("wrote %d prediction(s) to %s: %s", rows, output_uri, summary)
     return ScoreResult(output_uri=output_uri, output_format=output_format, rows=rows,
                        prediction_column=prediction_column, model_dir=spec.model_dir, model_version=version,
-                       input_uri=spec.input_uri, predictions=summary)
+                       input_uri=spec.input_uri, predictions=summary, engine=engine, engine_reason=why)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -163,7 +163,11 @@ class ProbeSpec(StageSpec):
 NAN_POLICIES = ("fail", "drop")
 DELIMITERS = ("auto", ",", ";", "\t")
 FILE_FORMATS = ("auto", "csv", "parquet")
-PREPROCESS_ENGINES = ("auto", "direct", "ray_data")
+ENGINES = ("auto", "direct", "ray_data")
+"""How a data stage (preprocess, score) reads its input: pyarrow in the job's driver, Ray Data's
+tasks, or ``auto``, which picks by the input's size (``direct_max_bytes``)."""
+DIRECT_MAX_BYTES = 2 * 1024**3
+"""The default input size up to which a stage works in its job's driver rather than start Ray Data."""
 
 
 def _require_str_list(owner: str, name: str, value: Any, allow_none: bool = True, allow_empty: bool = True) -> None:
@@ -246,7 +250,7 @@ class PreprocessSpec(StageSpec):
     max_categories: int = 100
     override_num_blocks: int | None = None
     engine: str = "auto"
-    direct_max_bytes: int = 2 * 1024**3
+    direct_max_bytes: int = DIRECT_MAX_BYTES
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -296,7 +300,7 @@ class PreprocessSpec(StageSpec):
         require_int_range(owner, "max_categories", self.max_categories, 1)
         if self.override_num_blocks is not None:
             require_int_range(owner, "override_num_blocks", self.override_num_blocks, 1)
-        require_choice(owner, "engine", self.engine, PREPROCESS_ENGINES)
+        require_choice(owner, "engine", self.engine, ENGINES)
         require_int_range(owner, "direct_max_bytes", self.direct_max_bytes, 0)
         if self.label_range is not None and (
             not isinstance(self.label_range, list)
@@ -494,7 +498,7 @@ class TrainSpec(PreprocessedData):
     accelerator: str = "auto"
     num_workers: int | None = None
     scale_out_min_rows: int = 200_000
-    direct_max_bytes: int = 2 * 1024**3
+    direct_max_bytes: int = DIRECT_MAX_BYTES
     gpu_placement_timeout_s: float = 60.0
     resource_wait_s: float = 120.0
     max_failures: int = 2
@@ -580,9 +584,14 @@ class ScoreSpec(StageSpec):
     :param output_uri: where the predictions go; None: next to the input, as
         ``<input name>.predictions-<model version>`` (``-2``, ``-3``... when that exists).
     :param prediction_column: the added column; None: ``predicted_<label column>``.
-    :param batch_size: rows per batch handed to a scoring actor.
-    :param concurrency: scoring actors (each loads the model once).
+    :param batch_size: rows per batch handed to the model.
+    :param concurrency: scoring actors (each loads the model once) of the ``ray_data`` engine.
     :param cpus_per_actor: CPUs each scoring actor reserves (fractional leaves Ray Data headroom).
+    :param engine: ``direct`` (the job's driver loads the model once and scores each file in
+        batches, with pyarrow), ``ray_data`` (a pool of ``concurrency`` actors across the cluster)
+        or ``auto``: direct when the input is at most ``direct_max_bytes``, Ray Data otherwise.
+        The output does not depend on it.
+    :param direct_max_bytes: input size up to which ``auto`` scores in the driver without Ray Data's start-up.
     """
 
     stage: ClassVar[str] = "score"
@@ -593,6 +602,8 @@ class ScoreSpec(StageSpec):
     batch_size: int = 4096
     concurrency: int = 1
     cpus_per_actor: float = 0.5
+    engine: str = "auto"
+    direct_max_bytes: int = DIRECT_MAX_BYTES
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -605,12 +616,15 @@ class ScoreSpec(StageSpec):
         require_int_range("ScoreSpec", "batch_size", self.batch_size, 1)
         require_int_range("ScoreSpec", "concurrency", self.concurrency, 1)
         require_positive("ScoreSpec", "cpus_per_actor", self.cpus_per_actor)
+        require_choice("ScoreSpec", "engine", self.engine, ENGINES)
+        require_int_range("ScoreSpec", "direct_max_bytes", self.direct_max_bytes, 0)
 
 
 @dataclasses.dataclass
 class ScoreResult(JsonDataclass):
     """What the ``score`` stage wrote: the predictions' location, row count and a summary of them
-    (``predictions``: mean, min and max for regression; the count of each class for classification)."""
+    (``predictions``: mean, min and max for regression; the count of each class for classification),
+    and which engine scored it (``engine``, ``engine_reason``)."""
 
     output_uri: str
     output_format: str
@@ -620,6 +634,8 @@ class ScoreResult(JsonDataclass):
     model_version: str
     input_uri: str
     predictions: dict[str, float]
+    engine: str
+    engine_reason: str
 
 
 SEARCHERS = ("random", "optuna")

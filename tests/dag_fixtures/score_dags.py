@@ -14,5 +14,6 @@ START = datetime(2026, 1, 1)
 with DAG(dag_id="score_file", schedule=None, start_date=START, catchup=False,
          render_template_as_native_obj=True):
     RayBatchScoreOperator(task_id="score", input_uri="{{ dag_run.conf['input'] }}",
-                          model="{{ dag_run.conf.get('model') }}", batch_size=256, concurrency=1,
+                          model="{{ dag_run.conf.get('model') }}", engine="{{ dag_run.conf.get('engine', 'auto') }}",
+                          batch_size=256, concurrency=1,
                           retries=0, poll_interval_s=0.3)

@@ -64,9 +64,10 @@ def test_scores_a_uci_file_next_to_it_with_the_models_own_predictions(trained, t
     # a copy: the output is written next to the file scored, and the session's files stay as they are
     red = str(shutil.copyfile(next(f for f in files if f.endswith("winequality-red.csv")),
                               tmp_path / "winequality-red.csv"))
-    dag_run, state = _score(input=red, model=model)
+    dag_run, state = _score(input=red, model=model, engine="ray_data")
     assert state == "success"
     result = _xcom(dag_run, "score")
+    assert result["engine"] == "ray_data" and result["engine_reason"] == "engine='ray_data' set in the spec"
     assert os.path.dirname(result["output_uri"]) == os.path.dirname(red)
     assert os.path.basename(result["output_uri"]) == f"winequality-red.predictions-{model['model_version']}"
     scored = _read_output(result["output_uri"])
@@ -79,12 +80,18 @@ def test_scores_a_uci_file_next_to_it_with_the_models_own_predictions(trained, t
     assert result["predictions"]["min"] == pytest.approx(float(direct.min()), abs=1e-4)
     assert not glob.glob(os.path.join(os.path.dirname(red), ".*tmp-*"))
 
-    # scoring the same file again never overwrites the first output
+    # scoring the same file again never overwrites the first output; a file this small is scored in
+    # the job's driver (engine auto), to the same rows in the same order
     first_mtime = os.path.getmtime(result["output_uri"])
     again, state = _score(input=red, model=model["model_dir"])
     assert state == "success"
-    assert _xcom(again, "score")["output_uri"] == result["output_uri"] + "-2"
+    second = _xcom(again, "score")
+    assert second["output_uri"] == result["output_uri"] + "-2"
     assert os.path.getmtime(result["output_uri"]) == first_mtime
+    assert second["engine"] == "direct" and "<= direct_max_bytes=" in second["engine_reason"], second
+    pd.testing.assert_frame_equal(_read_output(second["output_uri"]), scored)
+    assert second["predictions"] == pytest.approx(result["predictions"])
+    assert not glob.glob(os.path.join(os.path.dirname(red), ".*tmp-*"))
 
 
 @pytest.mark.integration
@@ -95,7 +102,7 @@ def test_bad_values_fail_with_the_column_and_leave_no_output(trained, tmp_path):
     frame.loc[7, "alcohol"] = "lots"
     bad = tmp_path / "bad_wines.csv"
     frame.to_csv(bad, index=False)
-    dag_run, state = _score(input=str(bad), model=model)
+    dag_run, state = _score(input=str(bad), model=model, engine="ray_data")  # the error out of an actor
     assert state == "failed"
     error = _error(dag_run)
     assert "column 'alcohol'" in error and "lots" in error and "bad_wines.csv" in error, error
