@@ -372,6 +372,9 @@ def _declared(base: str, headers: dict) -> tuple[dict, dict]:
                       for status, answer in responses.items()}
 
 
+HTTP_FRAMING_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("name", list(APPS))
 def test_serve_fuzzed_predict_gets_only_declared_answers(served, name):
@@ -394,6 +397,11 @@ def test_serve_fuzzed_predict_gets_only_declared_answers(served, name):
                   suppress_health_check=list(HealthCheck), print_blob=True)
         @given(case=cases)
         def fuzz(case):
+            # Negative cases may carry made-up headers; one named Host, Content-Length, Transfer-Encoding
+            # or Connection makes the request itself malformed, which the node's HTTP proxy refuses
+            # (HAProxy's HTML "400 Bad request", seen once for `host: ]`) before the app sees it
+            for key in [key for key in (case.headers or {}) if key.lower() in HTTP_FRAMING_HEADERS]:
+                del case.headers[key]
             response = case.call_and_validate(base_url=base, session=session, headers=headers, timeout=30)
             statuses.add((label, response.status_code))
 
