@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Asset
 
 from airflow_ray_ml.ray_data import RayDataPreprocessOperator
 from airflow_ray_ml.ray_job import RayJobOperator
@@ -57,9 +57,11 @@ def _deploy_dag(dag_id: str, **kwargs) -> DAG:
 
 
 # Their own application, so the wine DAG's test deployment on the same cluster is not touched.
-# A retry is allowed: a broken model's rollback must not be retried (one rollback, not two).
+# A retry is allowed: a broken model's rollback must not be retried (one rollback, not two). Its
+# Asset, as the wine pipeline's deploy has one: an event for each promotion only.
+SERVE_DEPLOY_MODEL = Asset("serve_deploy_model")
 serve_deploy = _deploy_dag("serve_deploy", app_name="wine-test", route_prefix="/wine-test", retries=1,
-                           retry_delay=timedelta(seconds=1))
+                           retry_delay=timedelta(seconds=1), outlets=[SERVE_DEPLOY_MODEL])
 serve_deploy_keyed = _deploy_dag("serve_deploy_keyed", app_name="wine-keyed", route_prefix="/keyed",
                                  api_key_conn_id="serve_api_key")
 # The session's served champion (tests/conftest.py's ``served_champion``), which tests only read. It

@@ -111,10 +111,16 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
     endpoint = _xcom(first, "deploy", key="serve_endpoint")["endpoint"]
     assert _health(endpoint) == first_version
 
-    # 2. a better one replaces it; the answer comes from the model the replica loaded from the bucket
-    second = _run("wine_quality_pipeline", datetime(2026, 6, 2, tzinfo=timezone.utc), **ONE_TRIAL)
+    # 2. a better one, trained on other data (another demo seed), replaces it. The gate scored the
+    #    champion over HTTP on this run's test split, not by the metric its card kept; the answer
+    #    comes from the model the replica loaded from the bucket
+    second = _run("wine_quality_pipeline", datetime(2026, 6, 2, tzinfo=timezone.utc), **{**ONE_TRIAL, "demo_seed": 2})
     second_version = _xcom(second, "train")["model_version"]
-    assert _xcom(second, "deploy", key="decision")["action"] == "promoted"
+    assert _xcom(second, "preprocess")["fingerprint"] != _xcom(first, "preprocess")["fingerprint"]
+    decision = _xcom(second, "deploy", key="decision")
+    assert decision["action"] == "promoted" and decision["champion_version"] == first_version
+    assert decision["champion"] != pytest.approx(_xcom(first, "train")["metrics"]["test"]["rmse"], abs=1e-9)
+    assert decision["challenger"] < decision["champion"]
     answer = requests.post(f"{endpoint}/predict", json={"instances": [ROW]}, timeout=30)
     assert answer.status_code == 200 and answer.json()["model_version"] == second_version
 

@@ -1,16 +1,15 @@
 """The wine DAGs end to end through dag.test() on the session's Ray cluster, ending in real HTTP calls.
 
-The regression pipeline, its batch scoring and a second run that the gate keeps out run once
-(``wine_regression``, tests/dags/conftest.py); each test here asserts one behaviour from them. The
-pipeline on a table that is not wine, as the trigger form sends it: test_wine_classification.py; on
-two nodes: test_s3_pipeline.py.
+The regression pipeline and its batch scoring run once (``wine_regression``,
+tests/dags/conftest.py); each test here asserts one behaviour from them. The pipeline on a table
+that is not wine, as the trigger form sends it: test_wine_classification.py; on two nodes, and
+against a served champion on other data: test_s3_pipeline.py.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from datetime import datetime, timezone
 
 import pandas as pd
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.specs import ComputeSpec
 from tests.conftest import ROOT, load_dag
-from tests.dags.wine_runs import asset_events, states
+from tests.dags.wine_runs import asset_events
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = pytest.mark.integration
@@ -61,25 +60,6 @@ def test_wine_dag_runs_with_small_params(wine_regression):
     (event,) = [e for e in asset_events("wine_quality_model") if e.get("model_version") == model["model_version"]]
     assert event["model_dir"] == model["model_dir"]
     assert event["metrics"] == pytest.approx(model["metrics"]["test"])
-
-
-def test_wine_run_with_a_worse_model_on_other_data_keeps_the_champion_scored_live(wine_regression):
-    champion, card = _xcom(wine_regression.pipeline, "train"), wine_regression.card
-    assert card["model_version"] == champion["model_version"]
-    dag_run = wine_regression.kept
-    run_states = states(dag_run)
-    assert run_states["train"] == "success" and run_states["deploy"] == "skipped", run_states
-    assert _xcom(dag_run, "preprocess")["fingerprint"] != card["data_fingerprint"]  # other data
-    decision = _xcom(dag_run, "deploy", key="decision")
-    assert decision["action"] == "kept_champion" and decision["champion_version"] == champion["model_version"]
-    # the champion's metric was measured over HTTP on this run's test split, not read from its card
-    assert decision["champion"] != pytest.approx(card["metrics"]["test"]["rmse"], abs=1e-9)
-    assert 0.3 < decision["champion"] < decision["challenger"]
-    assert _xcom(dag_run, "deploy", key="serve_endpoint")["endpoint"] == wine_regression.endpoint
-    assert wine_regression.served_after == champion["model_version"]
-    # no Asset event, so scoring does not rerun
-    challenger = _xcom(dag_run, "train")["model_version"]
-    assert [e for e in asset_events("wine_quality_model") if e.get("model_version") == challenger] == []
 
 
 def test_batch_scoring_dag_scores_new_wines_with_the_served_model(wine_regression):

@@ -1,5 +1,5 @@
-"""What the tests of the wine DAGs share: small run confs, a wine to score, and runs of a DAG through
-``dag.test()``, in this process or in a child interpreter with its own Airflow configuration."""
+"""What the tests of the wine DAGs share: small run confs, a wine to score, and a run of a DAG through
+``dag.test()`` in a child interpreter with its own Airflow configuration."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from datetime import datetime
 from types import SimpleNamespace
 
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT
 
 ROW = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "residual sugar": 20.7,
        "chlorides": 0.045, "free sulfur dioxide": 45.0, "total sulfur dioxide": 170.0, "density": 1.001,
@@ -37,14 +37,9 @@ print("DAG_RUN " + json.dumps(result), flush=True)
 """
 
 
-def run_dag(dag_id: str, when: datetime, **conf):
-    """One run of a DAG of ``dags/`` through ``dag.test()``: the finished DagRun."""
-    return load_dag(dag_id, ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
-
-
 def run_dag_in_child(dag_id: str, when: datetime, conf: dict, env: dict[str, str], timeout_s: float):
-    """The same run in a child interpreter with ``env`` (an Airflow setting that is read when the
-    operators are imported, such as lineage or deferrable): ``dag_id``, ``run_id``, ``state``, ``states`` and
+    """One run of a DAG of ``dags/`` through ``dag.test()``, in a child interpreter with ``env`` (an
+    Airflow setting that is read when the operators are imported, such as lineage or deferrable): ``dag_id``, ``run_id``, ``state``, ``states`` and
     the child's ``output`` (the task logs)."""
     result = subprocess.run([sys.executable, "-c", _RUN_DAG, json.dumps([dag_id, when.isoformat(), conf])],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -27,6 +27,8 @@ from airflow_ray_ml.serve_config import SERVE_START_DEFAULTS, instance_settings
 from airflow_ray_ml.serve_gate import gate
 from airflow_ray_ml_stages import artifacts
 from tests.conftest import load_dag, serve_apps_deleted_after_module
+from tests.dag_fixtures.serve_dags import SERVE_DEPLOY_MODEL
+from tests.dags.wine_runs import asset_events
 from tests.operators.test_ray_job import _xcom
 
 _RUNS = iter(range(1, 1000))
@@ -152,6 +154,11 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     assert decision["challenger"] > decision["champion"]
     assert _served_version() == trained["better"]["model_version"]
     assert _history()[-1]["action"] == "kept_champion"
+    # the deploy's Asset has an event for each promotion and none for the challenger kept out, so
+    # what the promotion schedules (the wine pipeline's batch scoring) does not run again
+    events = [event.get("model_version") for event in asset_events(SERVE_DEPLOY_MODEL.name)]
+    assert events[-2:] == [trained["good"]["model_version"], trained["better"]["model_version"]]
+    assert trained["worse"]["model_version"] not in events
 
     # 4. A broken artifact (forced past the gate) is rolled back; the old version keeps answering.
     # The task fails on its first try: a retry would deploy the same model and roll it back again.
