@@ -51,8 +51,9 @@ _ERROR_MARK = "rayml-score-error: "
 PROBABILITY_PREFIX = "probability_"
 
 
-def _input_files(uri: str) -> list[str]:
-    """The data files named by ``uri``: the file itself, or the CSV/Parquet files of a directory."""
+def _input_files(uri: str) -> tuple[list[str], int]:
+    """The data files named by ``uri`` (the file itself, or the CSV/Parquet files of a directory),
+    and their size in bytes together."""
     from pyarrow import fs as pafs
 
     if uri.startswith(("http://", "https://")):
@@ -63,14 +64,14 @@ def _input_files(uri: str) -> list[str]:
     if info.type == pafs.FileType.NotFound:
         raise DataSourceError(f"the file to score {uri!r} does not exist")
     if info.type == pafs.FileType.File:
-        return [uri]
+        return [uri], info.size or 0
     selector = pafs.FileSelector(path, recursive=False)
-    names = sorted(entry.base_name for entry in filesystem.get_file_info(selector)
-                   if entry.type == pafs.FileType.File and not entry.base_name.startswith((".", "_")))
-    files = [artifacts.join(uri, name) for name in names]
-    if not files:
+    entries = sorted((entry for entry in filesystem.get_file_info(selector)
+                      if entry.type == pafs.FileType.File and not entry.base_name.startswith((".", "_"))),
+                     key=lambda entry: entry.base_name)
+    if not entries:
         raise DataSourceError(f"the directory to score {uri!r} holds no data files")
-    return files
+    return [artifacts.join(uri, entry.base_name) for entry in entries], sum(entry.size or 0 for entry in entries)
 
 
 def _format_of(files: list[str]) -> str:
@@ -99,14 +100,10 @@ def default_output(input_uri: str, model_version: str) -> str:
     return artifacts.join(parent, candidate) if parent else candidate
 
 
-def choose_engine(spec: ScoreSpec, files: list[str]) -> tuple[str, str]:
-    """``direct`` or ``ray_data``, and why."""
+def choose_engine(spec: ScoreSpec, size: int) -> tuple[str, str]:
+    """``direct`` or ``ray_data`` for an input of ``size`` bytes, and why."""
     if spec.engine != "auto":
         return spec.engine, f"engine={spec.engine!r} set in the spec"
-    size = 0
-    for uri in files:
-        filesystem, path = artifacts.resolve(uri)
-        size += filesystem.get_file_info(path).size or 0
     if size <= spec.direct_max_bytes:
         return "direct", (f"{size:,} input bytes <= direct_max_bytes={spec.direct_max_bytes:,}: the model scores "
                           "in the job's driver, no Ray Data start-up")
@@ -299,7 +296,7 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     card = ModelCard.read(spec.model_dir)
     version = card.model_version or "unknown"
     prediction_column = spec.prediction_column or f"predicted_{card.label_column}"
-    files = _input_files(spec.input_uri)
+    files, size = _input_files(spec.input_uri)
     output_format = _format_of(files)
     names, delimiter = _columns(files, output_format)
     preprocessor = Preprocessor.load(artifacts.join(spec.model_dir, "preprocessor.json"))
@@ -320,7 +317,7 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
         raise DataSourceError(f"output_uri {output_uri!r} exists; predictions never overwrite earlier ones: "
                               "choose another output_uri or leave it empty")
 
-    engine, why = choose_engine(spec, files)
+    engine, why = choose_engine(spec, size)
     log.info("engine %s: %s", engine, why)
     local = not artifacts.is_remote(output_uri)
     target = output_uri

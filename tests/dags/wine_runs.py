@@ -39,8 +39,8 @@ print("DAG_RUN " + json.dumps(result), flush=True)
 
 def run_dag_in_child(dag_id: str, when: datetime, conf: dict, env: dict[str, str], timeout_s: float):
     """One run of a DAG of ``dags/`` through ``dag.test()``, in a child interpreter with ``env`` (an
-    Airflow setting that is read when the operators are imported, such as lineage or deferrable): ``dag_id``, ``run_id``, ``state``, ``states`` and
-    the child's ``output`` (the task logs)."""
+    Airflow setting that is read when the operators are imported, such as lineage or deferrable):
+    ``dag_id``, ``run_id``, ``state``, ``states`` and the child's ``output`` (the task logs)."""
     result = subprocess.run([sys.executable, "-c", _RUN_DAG, json.dumps([dag_id, when.isoformat(), conf])],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     output = result.stdout + result.stderr
