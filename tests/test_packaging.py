@@ -67,9 +67,14 @@ def _skip_if_unreachable(output: str, what: str) -> None:
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment less what the test set-up points at the checkout."""
+    """This process's environment less what the test set-up points at the checkout.
+
+    Without ``PYTHONDONTWRITEBYTECODE`` (which some machines set): the fresh venv's
+    first processes cache the bytecode of what they import, as an installed environment does (pip
+    installs it with ``--no-compile``); with it, every Airflow command there compiled Airflow again."""
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("AIRFLOW", "RAYML_", "VIRTUAL_ENV")) and name != "PYTHONPATH"}
+           if not name.startswith(("AIRFLOW", "RAYML_", "VIRTUAL_ENV"))
+           and name not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     return {**env, **extra}
 
 
