@@ -111,7 +111,8 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(path, ignore_errors=True)
 
 
-SHARED_SESSION_FIXTURES = ("wine_regression", "trained_models", "served_champion", "failed_tune_run", "s3_server")
+SHARED_SESSION_FIXTURES = ("wine_regression", "trained_models", "served_champion", "failed_tune_run", "s3_server",
+                           "fake_gpu_cluster")
 """What a session makes once and several modules read: the modules that ask for one of these run
 in the same pytest-xdist worker, so it is made once per test run, not once per worker."""
 
@@ -249,6 +250,7 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
                               **{"num_cpus": 2, "num_gpus": 0, "python": RAY_PYTHON, **cluster_kwargs,
                                  "extra_env": {**TEST_CLUSTER_ENV, **cluster_kwargs.get("extra_env", {})}})
     variable = f"AIRFLOW_CONN_{conn_id.upper()}"
+    before = os.environ.get(variable)  # a session's head of that name, while a test's own replaces it
     try:
         cluster.start()
         os.environ[variable] = json.dumps({
@@ -258,7 +260,10 @@ def extra_cluster(conn_id: str, **cluster_kwargs):
         })
         yield cluster
     finally:
-        os.environ.pop(variable, None)
+        if before is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before
         cluster.stop()
 
 
@@ -279,6 +284,14 @@ def ray_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_gpu_cluster(airflow_db):
+    """A head that advertises one GPU whether or not this machine has one CUDA can use (connection
+    ``ray_fake_gpu``): Ray hands it to whatever asks. The probe's and the train stage's tests share it."""
+    with extra_cluster("ray_fake_gpu", num_gpus=1) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")

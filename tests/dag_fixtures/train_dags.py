@@ -32,10 +32,10 @@ train_xgboost = _train_dag("train_xgboost", probe=True)
 # One real Ray Train worker (not local mode) so there is a worker process to kill.
 train_resume = _train_dag("train_resume", num_workers=1, checkpoint_every=1, max_failures=2)
 train_resume_xgboost = _train_dag("train_resume_xgboost", num_workers=1, checkpoint_every=5, max_failures=2)
-# A GPU compute spec on a cluster that has no GPU: the placement never comes. accelerator="gpu",
-# since the device rule keeps a table this small on CPU anyway.
+# A GPU compute spec on the tests' cluster, which advertises no GPU: the placement never comes.
+# accelerator="gpu", since the device rule keeps a table this small on CPU anyway.
 train_gpu_fallback = _train_dag(
-    "train_gpu_fallback", ray_conn_id="ray_no_gpu", gpu_placement_timeout_s=3, accelerator="gpu",
+    "train_gpu_fallback", gpu_placement_timeout_s=3, accelerator="gpu",
     compute={"use_gpu": True, "gpus_per_worker": 1, "num_workers": 1, "cpus_per_worker": 1,
              "accelerator": "gpu", "reason": "test: a GPU compute spec"},
 )

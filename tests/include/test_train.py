@@ -119,24 +119,22 @@ def test_plan_training_cpu_probe_never_takes_a_gpu():
 
 
 @pytest.mark.integration
-def test_job_holds_gpu_only_when_submitted_with_entrypoint_num_gpus():
+def test_job_holds_gpu_only_when_submitted_with_entrypoint_num_gpus(fake_gpu_cluster):
     """What the train stage reads to train on the job's own GPU, as a real Ray job sees it."""
     from ray.job_submission import JobSubmissionClient
 
-    from tests.conftest import extra_cluster
-
     code = "from airflow_ray_ml_stages.train.sizing import job_holds_gpu; print('holds a GPU:', job_holds_gpu())"
-    with extra_cluster("ray_one_gpu", num_gpus=1) as cluster:  # a GPU Ray hands out, whether or not CUDA works
-        client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
-        jobs = {resources: client.submit_job(entrypoint=f'python -c "{code}"', **dict(resources))
-                for resources in ((("entrypoint_num_gpus", 1),), (), (("entrypoint_num_cpus", 0.5),))}
-        seen = {}
-        for resources, job in jobs.items():
-            deadline = time.monotonic() + 120
-            while str(client.get_job_status(job)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
-                assert time.monotonic() < deadline, client.get_job_logs(job)
-                time.sleep(0.2)
-            seen[resources] = client.get_job_logs(job).strip().splitlines()[-1]
+    client = JobSubmissionClient(fake_gpu_cluster.dashboard_url,
+                                 headers={"Authorization": f"Bearer {fake_gpu_cluster.token}"})
+    jobs = {resources: client.submit_job(entrypoint=f'python -c "{code}"', **dict(resources))
+            for resources in ((("entrypoint_num_gpus", 1),), (), (("entrypoint_num_cpus", 0.5),))}
+    seen = {}
+    for resources, job in jobs.items():
+        deadline = time.monotonic() + 120
+        while str(client.get_job_status(job)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            assert time.monotonic() < deadline, client.get_job_logs(job)
+            time.sleep(0.2)
+        seen[resources] = client.get_job_logs(job).strip().splitlines()[-1]
     assert list(seen.values()) == ["holds a GPU: True", "holds a GPU: False", "holds a GPU: False"], seen
 
 

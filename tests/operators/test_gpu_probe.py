@@ -81,13 +81,6 @@ def test_probe_branch_dag_takes_the_cpu_branch(cpu_branch_run):
     assert states["train_on_cpu"] == "success" and states["train_on_gpu"] == "skipped"
 
 
-@pytest.fixture(scope="module")
-def fake_gpu_cluster(airflow_db):
-    """A head that advertises one GPU although this machine has none CUDA can use."""
-    with extra_cluster("ray_fake_gpu", num_gpus=1) as cluster:
-        yield cluster
-
-
 @pytest.mark.integration
 def test_probe_advertised_unusable_gpu_falls_back_to_cpu(fake_gpu_cluster):
     dag_run = _run("probe_fake_gpu")

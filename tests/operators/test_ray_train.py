@@ -193,15 +193,9 @@ def test_train_xgboost_worker_killed_mid_run_resumes_from_the_saved_booster(airf
     assert manifest["metrics"]["test"]["rmse"] < 0.85 * manifest["baseline"]["test_rmse"]
 
 
-@pytest.fixture(scope="module")
-def no_gpu_cluster(airflow_db):
-    """A head that advertises no GPU at all, whatever the machine has."""
-    with extra_cluster("ray_no_gpu", num_gpus=0) as cluster:
-        yield cluster
-
-
 @pytest.mark.integration
-def test_train_gpu_spec_without_gpu_falls_back_to_cpu_within_timeout(no_gpu_cluster, splits):
+def test_train_gpu_spec_without_gpu_falls_back_to_cpu_within_timeout(airflow_db, ray_conn, splits):
+    # the session's cluster advertises no GPU, whatever the machine has
     started = time.monotonic()
     dag_run = _run("train_gpu_fallback", splits, TUNED_XGBOOST)
     assert dag_run.state == "success"
