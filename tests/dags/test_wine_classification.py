@@ -1,14 +1,16 @@
-"""Classification end to end: the wine DAG with ``task=classification`` (the grades as classes),
-batch scoring with class probabilities, and the same DAG on a generated table that is not wine (a
-two-class text label, a categorical feature) with the trigger form's conf and its Deploy fields left
-empty, each ending in real HTTP calls. Two classes made from
-the grades by ``label_threshold``: the data stage's tests and the Params' (test_wine_params.py)."""
+"""Classification end to end, once: the wine DAG on a generated table that is not wine (a three-class
+text label, a categorical feature) with the trigger form's conf and its Deploy fields left empty, a
+short search over both families, ending in real HTTP calls; then batch scoring of the team's own
+file with each class's probability. Integer classes (the wine grades) are served over HTTP in
+tests/include/test_serve.py; two classes made from the grades by ``label_threshold``: the data
+stage's tests and the Params' (test_wine_params.py)."""
 
 from __future__ import annotations
 
 import glob
 import os
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -18,14 +20,10 @@ import requests
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.serve_apps import app_model_version
 from tests.conftest import ROOT, allow_sources, load_dag
-from tests.dags.wine_runs import ROW, serve_url, states
+from tests.dags.wine_runs import serve_url, states
 from tests.operators.test_ray_job import _xcom
 
 pytestmark = pytest.mark.integration
-
-# the grades' run: a short search over both families; the two-class run tests the labels, not the search
-SMALL = {"demo_rows": 1500, "demo_seed": 3, "num_trials": 2, "max_epochs": 3, "num_boost_round": 40,
-         "task": "classification"}
 
 
 def _run(when: datetime, **conf):
@@ -55,77 +53,81 @@ def _check_classifier_run(dag_run, classes: list) -> dict:
     return deployed
 
 
-@pytest.fixture(scope="module")
-def grades_run(airflow_db, ray_conn, own_serve_apps):
-    """The classification pipeline end to end, once; its application serves the module's tests."""
-    own_serve_apps.add("wine-grades")
-    return _run(datetime(2026, 5, 1, tzinfo=timezone.utc), **SMALL, serve_app="wine-grades",
-                serve_route="/wine-grades")
+LABEL, APP = "Contract Next Year", "contract-next-year"  # the application is named after the label
+CLASSES = ["cancel", "downgrade", "renew"]
 
 
-def test_wine_grades_as_classes_are_served_with_their_probabilities(grades_run):
-    classes = _xcom(grades_run, "preprocess")["classes"]
-    assert set(classes) <= set(range(3, 10)) and len(classes) >= 5 and classes == sorted(classes)
-    deployed = _check_classifier_run(grades_run, classes)
-    answer = _predict(deployed["endpoint"], [ROW, {**ROW, "alcohol": 13.5, "type": "red"}])
-    assert answer["classes"] == classes and all(grade in classes for grade in answer["predictions"])
-    for row, grade in zip(answer["probabilities"], answer["predictions"]):
-        assert sum(row) == pytest.approx(1, abs=1e-5) and classes[int(np.argmax(row))] == grade
-
-
-def test_batch_scoring_writes_the_class_and_each_class_probability(grades_run):
-    classes = _xcom(grades_run, "preprocess")["classes"]
-    when = datetime(2026, 5, 2, tzinfo=timezone.utc)
-    dag_run = load_dag("wine_batch_scoring", ROOT / "dags").test(
-        logical_date=when, run_after=when, run_conf={"new_rows": 300, "serve_app": "wine-grades"})
-    assert dag_run.state == "success", states(dag_run)
-    result = _xcom(dag_run, "score")
-    assert result["rows"] == 300 and sum(result["predictions"].values()) == 300
-    scored = pd.concat([pd.read_csv(f) for f in sorted(glob.glob(os.path.join(result["output_uri"], "*.csv")))])
-    probabilities = scored[[f"probability_{grade}" for grade in classes]].to_numpy()
-    np.testing.assert_allclose(probabilities.sum(axis=1), 1, atol=1e-5)
-    chosen = np.asarray(classes)[probabilities.argmax(axis=1)]
-    assert (scored["predicted_quality"].to_numpy() == chosen).all()
-
-
-def churn_table(rows: int, seed: int) -> pd.DataFrame:
-    """A generated customer table: a text label ``churned`` (yes/no) that depends on the plan, tenure and calls."""
+def customer_table(rows: int, seed: int) -> pd.DataFrame:
+    """A generated customer table: a text label ``Contract Next Year`` (cancel, downgrade or renew) that
+    depends on the plan, tenure and support calls."""
     rng = np.random.default_rng(seed)
     plan = rng.choice(["basic", "plus", "pro"], size=rows, p=[0.5, 0.3, 0.2])
     tenure = rng.integers(1, 72, size=rows).astype(float)
     calls = rng.poisson(2.0, size=rows).astype(float)
     charges = np.round(rng.normal(50, 15, size=rows) + np.where(plan == "pro", 30, 0), 2)
-    score = 0.9 * (calls - 2) - 0.05 * (tenure - 36) + np.where(plan == "basic", 0.8, -0.4) + rng.normal(0, 1, rows)
+    risk = 0.9 * (calls - 2) - 0.05 * (tenure - 36) + np.where(plan == "basic", 0.8, -0.4) + rng.normal(0, 1, rows)
+    label = np.select([risk > 1.2, risk > -0.2], ["cancel", "downgrade"], "renew")
     return pd.DataFrame({"plan": plan, "tenure_months": tenure, "support_calls": calls, "monthly_charges": charges,
-                         "churned": np.where(score > 0.5, "yes", "no")})
+                         LABEL: label})
 
 
-def test_a_table_that_is_not_wine_as_the_form_sends_it_runs_to_a_classifier_served_under_the_label_name(
-        airflow_db, ray_conn, tmp_path, monkeypatch, own_serve_apps):
-    allow_sources(monkeypatch, tmp_path)  # the table's folder, as an admin widens the allowed sources
-    path = tmp_path / "customers.csv"
-    table = churn_table(1200, seed=4).rename(columns={"churned": "Churned This Year"})
+@pytest.fixture(scope="module")
+def classifier_run(airflow_db, ray_conn, tmp_path_factory, own_serve_apps):
+    """The pipeline on the customer table as the trigger form sends it, once; its application serves
+    the module's tests. The table's folder is an allowed source, as an admin widens them."""
+    folder = tmp_path_factory.mktemp("customers")
+    path = folder / "customers.csv"
+    table = customer_table(1200, seed=4)
     table.to_csv(path, index=False)
     dag = load_dag("wine_quality_pipeline", ROOT / "dags")
     # as the trigger form sends it: every Param, the Deploy fields as they start (one typed in and cleared)
     conf = {**{name: param.value for name, param in dag.params.items()}, "source": [str(path)],
-            "label_column": "Churned This Year", "task": "classification", "families": ["xgboost"], "num_trials": 1,
-            "num_boost_round": 40, "serve_app": ""}
+            "label_column": LABEL, "task": "classification", "families": ["lightning", "xgboost"],
+            "num_trials": 2, "max_epochs": 3, "num_boost_round": 40, "serve_app": ""}
     assert conf["serve_route"] is None and conf["on_schema_change"] == "promote"
-    own_serve_apps.add("churned-this-year")
-    dag_run = _run(datetime(2026, 5, 4, tzinfo=timezone.utc), **conf)
-    deployed = _check_classifier_run(dag_run, ["no", "yes"])
+    own_serve_apps.add(APP)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        allow_sources(monkeypatch, str(folder))
+        dag_run = _run(datetime(2026, 5, 4, tzinfo=timezone.utc), **conf)
+        yield SimpleNamespace(dag_run=dag_run, table=table, folder=folder)
+
+
+def test_a_table_that_is_not_wine_as_the_form_sends_it_runs_to_a_classifier_served_under_the_label_name(
+        classifier_run):
+    dag_run, table = classifier_run.dag_run, classifier_run.table
+    deployed = _check_classifier_run(dag_run, CLASSES)
     preprocessed = _xcom(dag_run, "preprocess")
     assert "plan=basic" in preprocessed["feature_columns"]  # the text feature, one-hot encoded
     # the Deploy fields left empty: the application and its route are named after the label
-    assert deployed["endpoint"] == f"{serve_url()}/churned-this-year"
+    assert deployed["endpoint"] == f"{serve_url()}/{APP}"
     applications = RayHook().get_serve_applications()["applications"]
-    assert applications["churned-this-year"]["deployed_app_config"]["route_prefix"] == "/churned-this-year"
-    for other in ("wine-quality", "wine-grades"):  # no other application is touched
-        served = (applications.get(other) or {}).get("deployed_app_config")
-        assert app_model_version(served) != deployed["model_version"], other
-    rows = table.drop(columns=["Churned This Year"]).head(20).to_dict(orient="records")
+    assert applications[APP]["deployed_app_config"]["route_prefix"] == f"/{APP}"
+    served = (applications.get("wine-quality") or {}).get("deployed_app_config")  # no other application is touched
+    assert app_model_version(served) != deployed["model_version"]
+    rows = table.drop(columns=[LABEL]).head(40).to_dict(orient="records")
     answer = _predict(deployed["endpoint"], rows)
     assert answer["model_version"] == deployed["model_version"]
-    assert answer["classes"] == ["no", "yes"] and set(answer["predictions"]) <= {"no", "yes"}
-    np.testing.assert_allclose(np.sum(answer["probabilities"], axis=1), 1, atol=1e-5)
+    assert answer["classes"] == CLASSES and set(answer["predictions"]) <= set(CLASSES)
+    assert len(set(answer["predictions"])) > 1
+    for row, predicted in zip(answer["probabilities"], answer["predictions"]):
+        assert sum(row) == pytest.approx(1, abs=1e-5) and CLASSES[int(np.argmax(row))] == predicted
+
+
+def test_batch_scoring_of_the_teams_file_writes_the_class_and_each_class_probability(classifier_run):
+    new_rows = classifier_run.folder / "next_month.csv"
+    customer_table(300, seed=9).drop(columns=[LABEL]).to_csv(new_rows, index=False)
+    when = datetime(2026, 5, 5, tzinfo=timezone.utc)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        allow_sources(monkeypatch, str(classifier_run.folder))
+        dag_run = load_dag("wine_batch_scoring", ROOT / "dags").test(
+            logical_date=when, run_after=when, run_conf={"input": str(new_rows), "serve_app": APP})
+    assert dag_run.state == "success", states(dag_run)
+    assert states(dag_run)["new_wines"] == "skipped"  # the team's file, not generated wines
+    result = _xcom(dag_run, "score")
+    assert result["rows"] == 300 and sum(result["predictions"].values()) == 300
+    assert os.path.dirname(result["output_uri"]) == str(classifier_run.folder)
+    scored = pd.concat([pd.read_csv(f) for f in sorted(glob.glob(os.path.join(result["output_uri"], "*.csv")))])
+    probabilities = scored[[f"probability_{name}" for name in CLASSES]].to_numpy()
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1, atol=1e-5)
+    chosen = np.asarray(CLASSES)[probabilities.argmax(axis=1)]
+    assert (scored[f"predicted_{LABEL}"].to_numpy() == chosen).all()
