@@ -29,6 +29,7 @@ from scripts.localcluster import (
     LocalRayCluster, check_socket_paths, claim_serve_ports, default_temp_dir, new_token, private_dir,
 )
 from tests.conftest import ROOT, load_dag
+from tests.train_data import write_preprocessed
 
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
 
@@ -301,7 +302,9 @@ def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deplo
                       "serve_url": f"http://127.0.0.1:{localcluster.free_port()}"},
         }))
         when = datetime.now(timezone.utc)
-        dag_run = load_dag("longpath_serve").test(logical_date=when, run_after=when)
+        preprocess = write_preprocessed(tmp_path / "splits", rows=600, seed=5)
+        dag_run = load_dag("longpath_serve").test(logical_date=when, run_after=when,
+                                                  run_conf={"preprocess": preprocess})
         states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
         assert dag_run.state == "success", states
 
