@@ -74,7 +74,8 @@ def customer_table(rows: int, seed: int) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def classifier_run(airflow_db, ray_conn, tmp_path_factory, own_serve_apps):
     """The pipeline on the customer table as the trigger form sends it, once; its application serves
-    the module's tests. The table's folder is an allowed source, as an admin widens them."""
+    the module's tests. The table's folder is an allowed source until the module ends, as an admin
+    widens them."""
     folder = tmp_path_factory.mktemp("customers")
     path = folder / "customers.csv"
     table = customer_table(1200, seed=4)
@@ -116,11 +117,9 @@ def test_a_table_that_is_not_wine_as_the_form_sends_it_runs_to_a_classifier_serv
 def test_batch_scoring_of_the_teams_file_writes_the_class_and_each_class_probability(classifier_run):
     new_rows = classifier_run.folder / "next_month.csv"
     customer_table(300, seed=9).drop(columns=[LABEL]).to_csv(new_rows, index=False)
-    when = datetime(2026, 5, 5, tzinfo=timezone.utc)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        allow_sources(monkeypatch, str(classifier_run.folder))
-        dag_run = load_dag("wine_batch_scoring", ROOT / "dags").test(
-            logical_date=when, run_after=when, run_conf={"input": str(new_rows), "serve_app": APP})
+    when = datetime(2026, 5, 5, tzinfo=timezone.utc)  # the folder is an allowed source while the module runs
+    dag_run = load_dag("wine_batch_scoring", ROOT / "dags").test(
+        logical_date=when, run_after=when, run_conf={"input": str(new_rows), "serve_app": APP})
     assert dag_run.state == "success", states(dag_run)
     assert states(dag_run)["new_wines"] == "skipped"  # the team's file, not generated wines
     result = _xcom(dag_run, "score")
