@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 class RayTuneOperator(StageOperator):
     """Run a Ray Tune search (``airflow_ray_ml_stages.tune``) over the preprocessed splits and return its manifest.
 
-    Each trial trains one sampled config (family ``lightning`` or ``xgboost``, a scaler, the
-    family's hyperparameters) in its own actor with the train stage's loops, on splits the
+    Each trial trains one sampled config (family ``lightning``, ``xgboost``, ``extra_trees`` or
+    ``random_forest``, a scaler, the family's hyperparameters) in its own actor with the train stage's loops, on splits the
     preprocess stage already wrote (another scaler is an exact affine map of them: no refit), and
     reports its validation metrics; ASHA stops poor trials early. The test split is never read.
     The XCom holds ``best_config`` (pass it as is to ``RayTrainOperator(config=...)``),

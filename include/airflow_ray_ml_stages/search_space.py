@@ -40,21 +40,22 @@ from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.spec_base import is_number
 from airflow_ray_ml_stages.train.config import (
+    BUDGET_KEYS,
+    EXTRA_TREES_DEFAULTS,
     FAMILIES,
+    FAMILY_DEFAULTS,
     HYPERPARAMETER_CONSTRAINTS,
-    LIGHTNING_DEFAULTS,
-    XGBOOST_DEFAULTS,
+    OPEN_FAMILIES,
+    RANDOM_FOREST_DEFAULTS,
     resolve_train_config,
 )
 
 DOMAINS = ("choice", "uniform", "loguniform", "randint", "grid")
 FIXED = "value"
 """The kind :func:`_domain` gives a range whose bounds are equal: that one value."""
-BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round"}
-"""The hyperparameter that sets a family's training length (ASHA's budget is a share of it)."""
 
 DEFAULT_SEARCH_SPACE: dict[str, Any] = {
-    "family": {"choice": ["lightning", "xgboost"]},
+    "family": {"choice": list(FAMILIES)},
     "scaler": {"choice": ["standard", "minmax"]},
     "lightning": {
         "hidden_sizes": {"choice": [[32, 16], [64, 32], [128, 64], [128, 64, 32]]},
@@ -75,19 +76,28 @@ DEFAULT_SEARCH_SPACE: dict[str, Any] = {
         "num_boost_round": 1000,
         "early_stopping_rounds": 50,
     },
+    "extra_trees": {
+        "max_features": {"uniform": [0.3, 1.0]},
+        "min_samples_leaf": {"randint": [1, 6]},
+        "n_estimators": 200,
+    },
+    "random_forest": {
+        "max_features": {"uniform": [0.2, 0.8]},
+        "min_samples_leaf": {"randint": [1, 6]},
+        "n_estimators": 200,
+    },
 }
-"""The default for the wine data: both families, both scalers, each family's main hyperparameters."""
+"""The default: every family, both scalers, each family's main hyperparameters."""
 
 DEFAULT_START_CONFIGS: list[dict[str, Any]] = [
     # XGBoost with its library's own defaults (with the space's rounds and early stopping)
     {"family": "xgboost", "eta": 0.3, "max_depth": 6, "subsample": 1.0, "colsample_bytree": 1.0,
      "min_child_weight": 1.0, "reg_lambda": 1.0},
-    # XGBoost as a random forest: 100 deep trees on bootstrap-sized row samples, grown in one round
-    {"family": "xgboost", "num_parallel_tree": 100, "num_boost_round": 1, "eta": 1.0, "max_depth": 12,
-     "subsample": 0.632, "colsample_bytree": 1.0, "colsample_bynode": 0.8, "min_child_weight": 1.0,
-     "reg_lambda": 1e-6},
+    # the two forests with their defaults (ExtraTrees as scikit-learn grows it for regression)
+    {"family": "extra_trees", **EXTRA_TREES_DEFAULTS},
+    {"family": "random_forest", **RANDOM_FOREST_DEFAULTS},
 ]
-"""The configs a random search tries first (TuneSpec's ``start_configs`` default): the two plain tree
+"""The configs a random search tries first (TuneSpec's ``start_configs`` default): the plain tree
 ensembles a search has to beat, so the champion is chosen against them on the same validation rows.
 A config of a family the space cannot pick is left out."""
 
@@ -182,11 +192,11 @@ class SearchSpace:
         return options
 
     def _check_block(self, family: str, block: dict[str, Any]) -> None:
-        if family == "lightning":
-            unknown = sorted(set(block) - set(LIGHTNING_DEFAULTS))
+        if family not in OPEN_FAMILIES:
+            unknown = sorted(set(block) - set(FAMILY_DEFAULTS[family]))
             if unknown:
-                raise SpecError(f"search_space['lightning'] has unknown hyperparameter(s) {unknown}; known: "
-                                f"{sorted(LIGHTNING_DEFAULTS)}")
+                raise SpecError(f"search_space[{family!r}] has unknown hyperparameter(s) {unknown}; known: "
+                                f"{sorted(FAMILY_DEFAULTS[family])}")
         elif "family" in block or "scaler" in block:
             raise SpecError(f"search_space[{family!r}] must not set 'family' or 'scaler'; set them at the top")
         # Every option (and each range's bounds) must be a config the train stage accepts.
@@ -302,10 +312,9 @@ class SearchSpace:
         return point
 
     def max_budget(self, family: str) -> int:
-        """The most epochs (lightning) or rounds (xgboost) a trial of ``family`` can run."""
+        """The most epochs (lightning), rounds (xgboost) or trees (a forest) a trial of ``family`` can run."""
         key = BUDGET_KEYS[family]
-        defaults = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
-        value = self.blocks.get(family, {}).get(key, defaults[key])
+        value = self.blocks.get(family, {}).get(key, FAMILY_DEFAULTS[family][key])
         return int(max(_options("", value)))
 
 
@@ -401,12 +410,11 @@ def search_space_json_schema() -> dict[str, Any]:
 
     def block(family: str) -> dict[str, Any]:
         constraints = HYPERPARAMETER_CONSTRAINTS[family]
-        known = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
         properties = {name: _value_schema(constraints[name].json_schema(), constraints[name].kind == "integer")
-                      if name in constraints else _value_schema({}, integer=False) for name in known}
+                      if name in constraints else _value_schema({}, integer=False) for name in FAMILY_DEFAULTS[family]}
         schema: dict[str, Any] = {"type": "object", "properties": properties}
-        if family == "lightning":
-            schema["additionalProperties"] = False  # Lightning takes only its own hyperparameters
+        if family not in OPEN_FAMILIES:
+            schema["additionalProperties"] = False  # Lightning and the forests take only their own hyperparameters
         else:
             # the booster takes parameters beyond the checked ones, as any value or domain
             schema["additionalProperties"] = _value_schema({}, integer=False)

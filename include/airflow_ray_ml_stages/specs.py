@@ -458,8 +458,9 @@ class TrainSpec(PreprocessedData):
     The data fields (splits, columns, classes, preprocessor, fingerprint) are :class:`PreprocessedData`'s.
 
     :param test_uri: the held-out test split (the model card's test metrics).
-    :param config: ``family`` (``lightning`` or ``xgboost``) and hyperparameters; a RayTune best
-        config can be passed as is. Missing hyperparameters take the family's defaults.
+    :param config: ``family`` (``lightning``, ``xgboost``, ``extra_trees`` or ``random_forest``) and
+        hyperparameters; a RayTune best config can be passed as is. Missing hyperparameters take the
+        family's defaults.
     :param compute: the GPU probe's compute spec (``ComputeSpec`` as a dict); default: one CPU worker.
     :param accelerator: ``auto``: GPU or CPU from the probe's answer and the size of the work
         (:func:`airflow_ray_ml_stages.device.choose_device`); ``gpu``: the GPU whenever the probe
@@ -480,7 +481,7 @@ class TrainSpec(PreprocessedData):
         allow for a new node's start-up.
     :param max_failures: worker failures Ray Train recovers from (from the last checkpoint).
     :param checkpoint_every: checkpoint (and report) every N epochs (lightning) or rounds (xgboost);
-        0: every epoch, or every tenth of the rounds.
+        0: every epoch, or every tenth of the rounds. A forest keeps no checkpoint.
     :param data_loading: ``ray_data`` (the splits as Ray Datasets, sharded by Ray Train),
         ``direct`` (each worker reads the Parquet files with pyarrow: no Ray Data start-up), or
         ``auto``: ``ray_data`` for Ray Train workers from ``scale_out_min_rows`` training rows,
@@ -551,7 +552,7 @@ class TrainResult(JsonDataclass):
     """What the ``train`` stage returns (flattened into its manifest and the XCom).
 
     :param model_dir: URI of the model directory (model card, checkpoint, preprocessor).
-    :param family: ``lightning`` or ``xgboost``.
+    :param family: ``lightning``, ``xgboost``, ``extra_trees`` or ``random_forest``.
     :param metrics: ``{"validation": {...}, "test": {...}}``, the task's metrics: rmse, mae,
         acc_0_5, acc_1_0 (regression) or log_loss, accuracy, macro_f1 (classification).
     :param baseline: the test metrics of a model that ignores the features (see ``ModelCard.baseline``).
@@ -676,8 +677,8 @@ class TuneSpec(PreprocessedData):
         (:func:`airflow_ray_ml_stages.device.choose_device`); ``gpu``: the GPU whenever the probe
         found one; ``cpu``: never the GPU.
     :param time_budget_s: stop starting and running trials after this long; None: no limit.
-    :param reports_per_trial: how many times a trial reports over its full budget (epochs or
-        rounds); ASHA's rungs count these reports, so both families are cut at the same share.
+    :param reports_per_trial: how many times a trial reports over its full budget (epochs, rounds
+        or a forest's trees); ASHA's rungs count these reports, so every family is cut at the same share.
     :param asha_grace_period: reports a trial always gets before ASHA may stop it.
     :param asha_reduction_factor: ASHA keeps the best 1/N at each rung.
     :param seed: seeds the searcher and every trial's training (the train stage's default, 42, so

@@ -74,7 +74,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     from ray import tune
 
     from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
-    from airflow_ray_ml_stages.train.loops import lightning_train_loop, tune_report, xgboost_train_loop
+    from airflow_ray_ml_stages.train.loops import TRAIN_LOOPS, tune_report
     from airflow_ray_ml_stages.train.run_dir import read_final
 
     space = SearchSpace(base["search_space"])
@@ -94,7 +94,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
         artifact_dir=directory, model_dir=artifacts.join(directory, "model"),
         feature_affine=scaling["affine"], uris=base["uris"], data_loading="direct", session="tune",
     )
-    (lightning_train_loop if family == "lightning" else xgboost_train_loop)(cfg)
+    TRAIN_LOOPS[family](cfg)
     labels, predictions = read_validation(directory)
     metrics = validation_metrics(cfg.task, labels, predictions)
     model_dir = cfg.model_dir
@@ -214,7 +214,8 @@ def plot_leaderboard(rows: list[dict[str, Any]], histories: dict[str, list[tuple
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"lightning": "tab:blue", "xgboost": "tab:orange"}
+    colours = {"lightning": "tab:blue", "xgboost": "tab:orange", "extra_trees": "tab:green",
+               "random_forest": "tab:olive"}
     markers = {COMPLETED: "o", EARLY_STOPPED: "x", FAILED: "v"}
     figure, axes = plt.subplots(figsize=(9, 5), dpi=100)
     try:

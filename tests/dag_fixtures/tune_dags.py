@@ -12,11 +12,14 @@ from airflow_ray_ml.ray_tune import RayTuneOperator
 START = datetime(2026, 1, 1)
 # Small on purpose (2 CPUs shared with other tests): 4 trials, half a CPU each, two at a time.
 SMALL = {"num_samples": 4, "cpus_per_trial": 0.5, "max_concurrent_trials": 2, "reports_per_trial": 2}
-# Run first, before the random samples: one config of each family (the forest sets keys the space does not name).
+# Run first, before any random sample: one config of each family (XGBoost grown as a forest sets keys the
+# space does not name, as do the two scikit-learn forests).
 START_CONFIGS = [
     {"family": "lightning", "scaler": "minmax", "hidden_sizes": [32, 16], "lr": 0.005},
     {"family": "xgboost", "num_parallel_tree": 10, "num_boost_round": 1, "eta": 1.0, "max_depth": 4,
      "subsample": 0.632, "colsample_bynode": 0.8},
+    {"family": "extra_trees", "max_features": 0.8, "max_depth": 12},
+    {"family": "random_forest", "min_samples_leaf": 2, "max_depth": 12},
 ]
 
 

@@ -19,6 +19,7 @@ from airflow_ray_ml_stages.metrics import regression_metrics
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.models import load_model
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
+from airflow_ray_ml_stages.train.config import FORESTS
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import run_name
 from airflow_ray_ml_stages.train.sizing import plan_training, plan_workers
@@ -46,7 +47,11 @@ def test_train_spec_tune_best_config_is_taken_as_is_with_defaults_filled():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"config": {"family": "sklearn"}}, "must be one of \\['lightning', 'xgboost'\\], got 'sklearn'"),
+        ({"config": {"family": "sklearn"}},
+         "must be one of \\['lightning', 'xgboost', 'extra_trees', 'random_forest'\\], got 'sklearn'"),
+        ({"config": {"family": "extra_trees", "n_trees": 5}}, "unknown extra_trees hyperparameter\\(s\\) \\['n_trees'\\]"),
+        ({"config": {"family": "random_forest", "max_features": 0}}, "max_features.*in \\(0, 1\\], got 0"),
+        ({"config": {"family": "random_forest", "min_samples_leaf": 0.5}}, "min_samples_leaf.*integer >= 1, got 0.5"),
         ({"config": {"family": "lightning", "hidden_sizes": [64, 0]}}, "hidden_sizes.*got \\[64, 0\\]"),
         ({"config": {"family": "lightning", "hiden_sizes": [8]}}, "unknown lightning hyperparameter.*hiden_sizes"),
         ({"config": {"family": "lightning", "dropout": 1.5}}, "dropout.*got 1.5"),
@@ -296,10 +301,15 @@ def test_classification_trains_both_families_and_predicts_class_probabilities(tm
     assert accuracy == pytest.approx(test["accuracy"])
 
 
-def test_xgboost_forest_start_config_trains_on_columns_xgboost_refuses_by_name(tmp_path):
-    """The default search's random-forest start config trains and loads; one-hot columns of categories such as
-    ``1. <=Good`` or ``[a]`` are names XGBoost's DMatrix refuses, and still train and serve."""
-    from airflow_ray_ml_stages.search_space import DEFAULT_START_CONFIGS
+XGBOOST_FOREST = {"family": "xgboost", "num_parallel_tree": 100, "num_boost_round": 1, "eta": 1.0, "max_depth": 12,
+                  "subsample": 0.632, "colsample_bytree": 1.0, "colsample_bynode": 0.8, "min_child_weight": 1.0,
+                  "reg_lambda": 1e-6}
+
+
+def test_xgboost_forest_trains_on_columns_xgboost_refuses_by_name(tmp_path):
+    """XGBoost grown as a random forest (booster parameters beyond the checked ones) trains and loads; one-hot
+    columns of categories such as ``1. <=Good`` or ``[a]`` are names XGBoost's DMatrix refuses, and still train
+    and serve."""
     from tests.train_data import write_splits
 
     fields = write_splits(tmp_path / "splits", rows=1500, seed=3)
@@ -308,7 +318,7 @@ def test_xgboost_forest_start_config_trains_on_columns_xgboost_refuses_by_name(t
         path = fields[f"{split}_uri"]
         pd.read_parquet(path).rename(columns=renamed).to_parquet(path)
     fields["feature_columns"] = [renamed.get(column, column) for column in fields["feature_columns"]]
-    forest = next(config for config in DEFAULT_START_CONFIGS if config.get("num_parallel_tree", 1) > 1)
+    forest = XGBOOST_FOREST
     result = run_training(TrainSpec(**{**fields, "preprocessor_uri": None}, artifact_dir=str(tmp_path / "train"),
                                     config=forest))
     assert result.training["rounds_kept"] == 1 and result.metrics["test"]["rmse"] < result.baseline["test_rmse"]
@@ -351,3 +361,66 @@ def test_lightning_regression_label_in_other_units_trains_to_the_same_relative_e
             "label_scale"] == pytest.approx(pd.read_parquet(uris["train_uri"])[label].std(ddof=0), rel=1e-6)
         rmse[factor] = result.metrics["test"]["rmse"] / factor
     assert rmse[1000] == pytest.approx(rmse[1], rel=1e-2)
+
+
+@pytest.mark.parametrize("family", FORESTS)
+@pytest.mark.parametrize("classification", [False, True])
+def test_forest_trains_in_process_saves_plain_arrays_and_serves_without_scikit_learn(tmp_path, family, classification):
+    """A forest family trains in the job's process, beats the baseline, and its ``forest.npz`` holds numbers only;
+    a process that cannot import scikit-learn loads it and predicts what training scored."""
+    from tests.hidden_packages import hiding_env
+    from tests.conftest import ROOT
+    from tests.train_data import write_splits
+
+    fields = write_splits(tmp_path / "splits", rows=1500, seed=3, classification=classification)
+    result = run_training(TrainSpec(**fields, artifact_dir=str(tmp_path / "train"),
+                                    config={"family": family, "n_estimators": 40, "min_samples_leaf": 2},
+                                    num_workers=2))  # a forest trains in one process whatever the spec asks
+    assert result.training["runner"] == "in_process" and result.training["trees"] == 40
+    assert result.compute_used["num_workers"] == 0 and "forest trains in one process" in result.compute_used[
+        "sizing_reason"]
+    if classification:  # a forest's leaves give rare grades probability 0: its log loss is not the point here
+        assert result.metrics["test"]["accuracy"] > result.baseline["test_accuracy"]
+    else:
+        assert result.metrics["test"]["rmse"] < result.baseline["test_rmse"]
+    assert ModelCard.read(result.model_dir).framework_versions["scikit-learn"]
+    with np.load(os.path.join(result.model_dir, "forest.npz"), allow_pickle=False) as arrays:
+        assert all(arrays[name].dtype.kind in "if" for name in arrays.files)
+    env = hiding_env(["sklearn"], tmp_path / "hide")
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT), str(ROOT / "include")])
+    code = ("import sys, json, numpy as np, pandas as pd; from airflow_ray_ml_stages.models import load_model; "
+            "model = load_model(sys.argv[1]); test = pd.read_parquet(sys.argv[2]); "
+            "print(json.dumps(model.predict(test[json.loads(sys.argv[3])].to_numpy(np.float32)).tolist())); "
+            "assert 'sklearn' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code, result.model_dir, fields["test_uri"],
+                           json.dumps(fields["feature_columns"])], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    served = np.asarray(json.loads(done.stdout))
+    with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
+        np.testing.assert_allclose(served, saved["y_pred"], rtol=1e-12, atol=1e-12)
+
+
+def test_forest_arrays_predict_what_scikit_learn_predicts_and_refuse_a_damaged_file():
+    """The arrays give scikit-learn's own predictions (a class absent from training has probability 0), and a
+    file whose nodes point outside it is refused rather than read out of bounds."""
+    from sklearn.ensemble import ExtraTreesRegressor, RandomForestClassifier
+
+    from airflow_ray_ml_stages.models.forest import ForestTrees, forest_arrays, forest_bytes
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(900, 6)).astype(np.float32)
+    y = x[:, 0] * 2 + np.sin(3 * x[:, 1]) + rng.normal(scale=0.2, size=900)
+    regressor = ExtraTreesRegressor(n_estimators=25, min_samples_leaf=2, random_state=0).fit(x[:600], y[:600])
+    np.testing.assert_allclose(ForestTrees(forest_bytes(regressor, None)).predict(x[600:])[:, 0],
+                               regressor.predict(x[600:]), rtol=1e-12, atol=1e-12)
+    labels = (x[:, 0] > 0).astype(int) * 2  # classes 0 and 2 of 3: class 1 never trained
+    classifier = RandomForestClassifier(n_estimators=25, random_state=0).fit(x[:600], labels[:600])
+    probabilities = ForestTrees(forest_bytes(classifier, 3)).predict(x[600:])
+    np.testing.assert_allclose(probabilities[:, [0, 2]], classifier.predict_proba(x[600:]), rtol=1e-12, atol=1e-12)
+    assert not probabilities[:, 1].any()
+    arrays = forest_arrays(regressor, None)
+    arrays["left"][arrays["left"] >= 0] += len(arrays["left"])
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    with pytest.raises(ValueError, match="a node points outside the file"):
+        ForestTrees(buffer.getvalue())

@@ -13,6 +13,7 @@ from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor, feature_affine
 from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, SearchSpace
 from airflow_ray_ml_stages.specs import TuneSpec, resolve_train_config
+from airflow_ray_ml_stages.train.config import FAMILIES
 from airflow_ray_ml_stages.train.splits import scaler_plan
 from airflow_ray_ml_stages.tune import leaderboard_csv, plot_leaderboard, sort_rows
 
@@ -20,11 +21,12 @@ DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train", "validation_uri": "/d
         "feature_columns": ["x1", "x2"], "label_column": "y", "preprocessor_uri": "/d/p.json"}
 
 
-def test_default_space_spans_both_families_and_scalers_and_every_bound_trains():
+def test_default_space_spans_every_family_and_both_scalers_and_every_bound_trains():
     space = SearchSpace(DEFAULT_SEARCH_SPACE)
-    assert space.families == ["lightning", "xgboost"] and space.scalers == ["standard", "minmax"]
+    assert space.families == list(FAMILIES) and space.scalers == ["standard", "minmax"]
     assert TuneSpec(**DATA).space().raw == DEFAULT_SEARCH_SPACE  # None means the default
     assert space.max_budget("xgboost") == DEFAULT_SEARCH_SPACE["xgboost"]["num_boost_round"]
+    assert space.max_budget("extra_trees") == DEFAULT_SEARCH_SPACE["extra_trees"]["n_estimators"]
 
 
 def test_space_to_ray_samples_configs_that_decode_to_one_familys_hyperparameters():
@@ -33,21 +35,25 @@ def test_space_to_ray_samples_configs_that_decode_to_one_familys_hyperparameters
     space = SearchSpace(DEFAULT_SEARCH_SPACE)
     np.random.seed(3)
     seen = set()
-    for _ in range(12):
+    for _ in range(40):
         _, sampled = next(generate_variants(space.to_ray()))
         config = space.decode(sampled)
-        seen.add(config["family"])
-        other = "xgboost" if config["family"] == "lightning" else "lightning"
-        assert not set(DEFAULT_SEARCH_SPACE[other]) - set(DEFAULT_SEARCH_SPACE[config["family"]]) & set(config)
-        if config["family"] == "lightning":
-            assert config["hidden_sizes"] in DEFAULT_SEARCH_SPACE["lightning"]["hidden_sizes"]["choice"]
-            low, high = DEFAULT_SEARCH_SPACE["lightning"]["lr"]["loguniform"]
-            assert low <= config["lr"] <= high
-        else:
-            low, high = DEFAULT_SEARCH_SPACE["xgboost"]["max_depth"]["randint"]  # high exclusive
-            assert low <= config["max_depth"] < high and isinstance(config["max_depth"], int)
+        family = config["family"]
+        seen.add(family)
+        block = DEFAULT_SEARCH_SPACE[family]
+        assert set(config) - {"family", "scaler"} == set(block)  # its own hyperparameters, no other family's
+        for name, value in block.items():
+            kind, argument = next(iter(value.items())) if isinstance(value, dict) else ("fixed", value)
+            if kind == "choice":
+                assert config[name] in argument
+            elif kind == "randint":  # high exclusive
+                assert argument[0] <= config[name] < argument[1] and isinstance(config[name], int)
+            elif kind in ("uniform", "loguniform"):
+                assert argument[0] <= config[name] <= argument[1]
+            else:
+                assert config[name] == argument
         resolve_train_config(config)  # RayTrain accepts it, scaler and all
-    assert seen == {"lightning", "xgboost"}
+    assert seen == set(FAMILIES)
 
 
 def test_space_to_ray_reads_a_range_high_first_and_one_with_equal_bounds_as_its_value():
@@ -184,37 +190,39 @@ def test_default_search_space_narrows_to_the_chosen_families_and_sets_budgets():
     assert space["xgboost"]["num_boost_round"] == 25
     assert SearchSpace(space).families == ["xgboost"]
     both = default_search_space(None, ["none"], max_epochs=3)
-    assert both["family"] == {"choice": ["lightning", "xgboost"]} and both["lightning"]["max_epochs"] == 3
+    assert both["family"] == {"choice": list(FAMILIES)} and both["lightning"]["max_epochs"] == 3
     assert both["scaler"] == "none"
     with pytest.raises(SpecError, match=r"families may hold .*got \['svm'\]"):
         default_search_space(["svm"])
 
 
 def test_default_start_configs_are_points_of_the_space_that_decode_back_to_them():
-    """The random search runs XGBoost's library defaults and a forest first; they decode to the configs given."""
+    """The random search runs XGBoost's library defaults and the two forests first; they decode to the configs given."""
     from airflow_ray_ml_stages.search_space import DEFAULT_START_CONFIGS
 
     spec = TuneSpec(**DATA)
     points = spec.start_points()
-    assert [point["family"] for point in points] == ["xgboost", "xgboost"]
+    assert [point["family"] for point in points] == ["xgboost", "extra_trees", "random_forest"]
     space = spec.space()
     for point, start in zip(points, DEFAULT_START_CONFIGS):
         assert point["scaler"] == space.scalers[0]
         decoded = space.decode(point)
         assert decoded == {**start, "scaler": space.scalers[0]}
         resolve_train_config(decoded)
-    # Ray Tune takes a point's keys only where the space has them: the forest's extra keys are placeholders
-    # there, which a sampled config leaves out.
+    # Ray Tune takes a point's keys only where the space has them: a start config's keys that the space does
+    # not search (the forests' max_depth) are placeholders there, which a sampled config leaves out.
     from ray.tune.search.variant_generator import _get_preset_variants, generate_variants
 
     param_space = space.to_ray(points)
-    forest = next(point for point in points if "num_parallel_tree" in point["xgboost"])
+    forest = next(point for point in points if point["family"] == "extra_trees")
+    assert "max_depth" not in DEFAULT_SEARCH_SPACE["extra_trees"]
     _, preset = next(_get_preset_variants({"config": param_space}, forest))
-    assert space.decode(preset["config"])["num_parallel_tree"] == 100
+    assert space.decode(preset["config"])["max_depth"] == 0
     np.random.seed(1)
     for _ in range(10):
         _, sampled = next(generate_variants(param_space))
-        assert "num_parallel_tree" not in space.decode(sampled) and "colsample_bynode" not in space.decode(sampled)
+        decoded = space.decode(sampled)
+        assert decoded["family"] == "xgboost" or "max_depth" not in decoded
     # none where the space cannot pick XGBoost, none for Optuna or a grid space, none when told, at most num_samples
     assert TuneSpec(**{**DATA, "search_space": {"family": "lightning"}, "preprocessor_uri": None}).start_points() == []
     assert TuneSpec(**{**DATA, "searcher": "optuna"}).start_points() == []

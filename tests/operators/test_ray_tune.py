@@ -13,18 +13,21 @@ from airflow_ray_ml.errors import RayOperatorError
 from airflow_ray_ml.ray_tune import RayTuneOperator
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.models import load_model
+from airflow_ray_ml_stages.train.config import FAMILY_DEFAULTS
 from tests.conftest import load_dag
 from tests.dag_fixtures.tune_dags import START_CONFIGS
 from tests.operators.test_ray_job import _xcom
 from tests.train_data import load_split, write_preprocessed
 
 LOGICAL_DATE = datetime(2026, 5, 1, tzinfo=timezone.utc)
-# Both families, both scalers, tiny budgets: 2 epochs / 20 rounds.
+# Every family, both scalers, tiny budgets: 2 epochs / 20 rounds / 20 trees.
 SMALL_SPACE = {
-    "family": {"choice": ["lightning", "xgboost"]},
+    "family": {"choice": ["lightning", "xgboost", "extra_trees", "random_forest"]},
     "scaler": {"choice": ["standard", "minmax"]},
     "lightning": {"hidden_sizes": {"choice": [[16], [32, 16]]}, "lr": {"loguniform": [1e-3, 1e-2]}, "max_epochs": 2},
     "xgboost": {"max_depth": {"randint": [2, 6]}, "eta": {"uniform": [0.1, 0.3]}, "num_boost_round": 20},
+    "extra_trees": {"min_samples_leaf": {"randint": [1, 4]}, "n_estimators": 20},
+    "random_forest": {"max_features": {"uniform": [0.3, 0.9]}, "n_estimators": 20},
 }
 
 
@@ -55,8 +58,8 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
 
     rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
     assert [row["rank"] for row in rows] == [1, 2, 3, 4] and len({row["trial_id"] for row in rows}) == 4
-    assert {row["family"] for row in rows} == {"lightning", "xgboost"}
-    # The start configs ran as given (the forest with keys the space does not name) before two samples.
+    # The start configs ran as given (the forests with keys the space does not name): one trial per family.
+    assert sorted(row["family"] for row in rows) == sorted(SMALL_SPACE["family"]["choice"])
     for start in START_CONFIGS:
         assert [row for row in rows if start.items() <= row["config"].items()], start
     completed = [row["metrics"]["val_rmse"] for row in rows if row["status"] == "COMPLETED"]
@@ -64,13 +67,13 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     best = rows[0]
     assert best["trial_id"] == manifest["best_trial_id"] and best["config"] == manifest["best_config"]
     assert best["metrics"]["val_rmse"] == manifest["best_metric"] == manifest["best_metrics"]["val_rmse"]
-    assert best["config"]["family"] in ("lightning", "xgboost") and best["config"]["scaler"] in ("standard", "minmax")
+    assert best["config"]["scaler"] in ("standard", "minmax")
     for row in rows:
         assert row["iterations"] >= 1 and row["time_s"] > 0 and row["error"] is None
         assert set(row["metrics"]) == {"val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0"}
-        family_keys = {"hidden_sizes", "lr"} if row["family"] == "lightning" else {"max_depth", "eta"}
-        other_keys = {"max_depth", "eta"} if row["family"] == "lightning" else {"hidden_sizes", "lr"}
-        assert family_keys <= set(row["config"]) and not other_keys & set(row["config"])
+        own = set(FAMILY_DEFAULTS[row["family"]])
+        assert set(SMALL_SPACE[row["family"]]) <= set(row["config"])
+        assert not {key for family in FAMILY_DEFAULTS for key in FAMILY_DEFAULTS[family]} - own & set(row["config"])
 
     with open(manifest["leaderboard_csv_uri"], newline="") as handle:
         table = list(csv.DictReader(handle))

@@ -6,13 +6,15 @@ when there is one, and the model in a format that loads without pickle:
 
 - ``lightning``: ``model.pt`` (a state_dict of tensors, loaded with ``weights_only=True``) and
   ``model_config.json`` (n_features, hidden sizes, dropout, label offset and scale);
-- ``xgboost``: ``model.ubj``, XGBoost's own format.
+- ``xgboost``: ``model.ubj``, XGBoost's own format;
+- ``extra_trees``, ``random_forest``: ``forest.npz``, the trees as plain arrays
+  (:mod:`airflow_ray_ml_stages.models.forest`), applied with numpy.
 
 ``load_model(model_dir)`` returns an object with ``.predict(features) -> np.ndarray`` (features
 already preprocessed, columns in the card's ``feature_columns`` order) and ``.card``. For a
 regression model the predictions are one value per row; for a classification model, each row's
 probability of every class (rows x classes, in the order of ``card.classes``; rows sum to 1).
-torch and xgboost are imported only when a model of that family is loaded.
+torch and xgboost are imported only when a model of that family is loaded; scikit-learn never.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.model_card import ModelCard
+from airflow_ray_ml_stages.train.config import FORESTS
 
 PREPROCESSOR = "preprocessor.json"
 TORCH_WEIGHTS = "model.pt"
@@ -112,6 +115,22 @@ class XGBoostModel:
         return predicted
 
 
+class ForestModel:
+    """A trained scikit-learn forest, read from its arrays (:class:`~airflow_ray_ml_stages.models.forest.ForestTrees`)."""
+
+    def __init__(self, card: ModelCard, trees) -> None:
+        self.card = card
+        self.family = card.family
+        self.trees = trees
+        if trees.n_features_needed > len(card.feature_columns):
+            raise ValueError(f"the forest reads feature {trees.n_features_needed - 1}, but the card lists "
+                             f"{len(card.feature_columns)} feature columns")
+
+    def predict(self, features: Any) -> np.ndarray:
+        predicted = self.trees.predict(_as_features(features, len(self.card.feature_columns)))
+        return predicted if self.card.task == "classification" else predicted[:, 0]
+
+
 def load_xgboost_booster(data: bytes):
     """A booster from XGBoost's own (UBJSON) bytes, without pickle."""
     import xgboost
@@ -127,9 +146,13 @@ def load_torch_state_dict(data: bytes) -> dict:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-def load_model(model_dir: str) -> LightningModel | XGBoostModel:
+def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel:
     """Load a model directory (local path or ``s3://``/``gs://`` URI) written by the train stage."""
     card = ModelCard.read(model_dir)
+    if card.family in FORESTS:
+        from airflow_ray_ml_stages.models.forest import FOREST_MODEL, ForestTrees
+
+        return ForestModel(card, ForestTrees(artifacts.read_bytes(artifacts.join(model_dir, FOREST_MODEL))))
     if card.family == "lightning":
         config = artifacts.read_json(artifacts.join(model_dir, TORCH_CONFIG))
         state = load_torch_state_dict(artifacts.read_bytes(artifacts.join(model_dir, TORCH_WEIGHTS)))

@@ -15,7 +15,9 @@ from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.spec_base import require_choice
 
-FAMILIES = ("lightning", "xgboost")
+FAMILIES = ("lightning", "xgboost", "extra_trees", "random_forest")
+FORESTS = ("extra_trees", "random_forest")
+"""The scikit-learn forest families: trained in one process on CPU, saved as plain arrays (``models.forest``)."""
 
 LIGHTNING_DEFAULTS: dict[str, Any] = {
     "hidden_sizes": [64, 32],
@@ -39,6 +41,32 @@ XGBOOST_DEFAULTS: dict[str, Any] = {
     "early_stopping_rounds": 20,
 }
 """XGBoost booster parameters used where the config does not name them."""
+
+EXTRA_TREES_DEFAULTS: dict[str, Any] = {
+    "n_estimators": 200,
+    "max_features": 1.0,
+    "min_samples_leaf": 1,
+    "max_depth": 0,
+}
+"""scikit-learn's ExtraTrees: ``max_features`` is the share of the features each split considers
+(1.0: all, scikit-learn's regression default); ``max_depth`` 0 grows each tree until its leaves
+hold ``min_samples_leaf`` rows."""
+
+RANDOM_FOREST_DEFAULTS: dict[str, Any] = {**EXTRA_TREES_DEFAULTS, "max_features": 0.5}
+"""scikit-learn's random forest (bootstrap row samples), each split over half of the features."""
+
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "lightning": LIGHTNING_DEFAULTS, "xgboost": XGBOOST_DEFAULTS,
+    "extra_trees": EXTRA_TREES_DEFAULTS, "random_forest": RANDOM_FOREST_DEFAULTS,
+}
+"""Each family's defaults: every hyperparameter it takes (XGBoost takes more, see below)."""
+
+BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round", **{forest: "n_estimators" for forest in FORESTS}}
+"""The hyperparameter that sets a family's training length (ASHA's budget is a share of it): epochs,
+boosting rounds, or a forest's trees (grown a share at a time)."""
+
+OPEN_FAMILIES = ("xgboost",)
+"""Families that take hyperparameters beyond their defaults' (the booster's many parameters, unchecked)."""
 
 @dataclass(frozen=True)
 class Constraint:
@@ -123,9 +151,15 @@ HYPERPARAMETER_CONSTRAINTS: dict[str, dict[str, Constraint]] = {
         "subsample": _FRACTION,
         "colsample_bytree": _FRACTION,
     },
+    **{forest: {
+        "n_estimators": Constraint("integer", minimum=1, maximum=5000),
+        "max_features": _FRACTION,
+        "min_samples_leaf": Constraint("integer", minimum=1),
+        "max_depth": Constraint("integer", minimum=0),
+    } for forest in FORESTS},
 }
-"""Each family's checked hyperparameters; every Lightning one is listed, and XGBoost's others (its
-booster takes many) go to the booster unchecked."""
+"""Each family's checked hyperparameters; every one of Lightning's and the forests' is listed, and
+XGBoost's others (its booster takes many) go to the booster unchecked."""
 
 
 # Keys a config may carry besides hyperparameters: RayTune's best config has its own bookkeeping,
@@ -141,11 +175,11 @@ def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
     require_choice("TrainSpec", "config['family']", family, FAMILIES)
     if "scaler" in config:
         require_choice("TrainSpec", "config['scaler']", config["scaler"], SCALERS)
-    defaults = LIGHTNING_DEFAULTS if family == "lightning" else XGBOOST_DEFAULTS
+    defaults = FAMILY_DEFAULTS[family]
     unknown = sorted(set(config) - set(defaults) - set(_CONFIG_IGNORED))
-    if unknown and family == "lightning":
+    if unknown and family not in OPEN_FAMILIES:
         raise SpecError(
-            f"TrainSpec.config has unknown lightning hyperparameter(s) {unknown}; known: {sorted(defaults)}"
+            f"TrainSpec.config has unknown {family} hyperparameter(s) {unknown}; known: {sorted(defaults)}"
         )
     resolved = {**defaults, **{k: v for k, v in config.items() if k not in _CONFIG_IGNORED}, "family": family}
     # Unknown XGBoost keys go to the booster as they are (XGBoost has many); the ones we use are checked.

@@ -35,11 +35,11 @@ def _framework_versions(family: str, loop_versions: dict[str, str]) -> dict[str,
     # The installed versions without importing the packages: after a Ray Train run the driver has
     # imported neither torch nor Lightning, and importing them just for this took seconds.
     versions = {"python": platform.python_version(), "ray": version("ray"), "numpy": np.__version__}
-    if family == "lightning":
-        # What the loop imported (torch, and which Lightning package: both may be installed)
-        versions.update(loop_versions)
-    else:
+    if family == "xgboost":
         versions["xgboost"] = _installed("xgboost")
+    else:
+        # What the loop imported (torch and which Lightning package, both may be installed; scikit-learn)
+        versions.update(loop_versions)
     return versions
 
 

@@ -1,6 +1,7 @@
-"""The training loops: a Lightning MLP and an XGBoost booster, each checkpointing and resumable.
+"""The training loops: a Lightning MLP and an XGBoost booster, each checkpointing and resumable, and
+scikit-learn's forests (one process, no checkpoint: a forest trains in seconds to minutes).
 
-Both run unchanged in a Ray Train worker, a Ray Tune trial or the job's own process (see
+The first two run unchanged in a Ray Train worker, a Ray Tune trial or the job's own process (see
 :mod:`airflow_ray_ml_stages.train.contexts`); rank 0 evaluates the trained model and writes its weights into the
 model directory and its predictions into the run's files (:mod:`airflow_ray_ml_stages.train.run_dir`).
 """
@@ -20,6 +21,7 @@ from airflow_ray_ml_stages.metrics import validation_metrics
 from airflow_ray_ml_stages.models import (
     TORCH_CONFIG, TORCH_WEIGHTS, XGBOOST_MODEL, class_probabilities, xgboost_feature_names,
 )
+from airflow_ray_ml_stages.models.forest import FOREST_MODEL, forest_bytes
 from airflow_ray_ml_stages.train.contexts import RayTrainContext, loop_context
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import announce_worker, write_evaluation, write_final
@@ -300,3 +302,74 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
         artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, XGBOOST_MODEL), bytes(booster.save_raw("ubj")))
         timings["evaluate_s"] = time.monotonic() - phase_started
         write_final(cfg, {**final, "loop_timings": _rounded(timings)})
+
+
+# -- scikit-learn forests ----------------------------------------------------------------------
+
+
+def forest_estimator(family: str, config: dict[str, Any], classification: bool, seed: int, threads: int):
+    """The unfitted scikit-learn forest of ``family`` (``extra_trees``, ``random_forest``) for ``config``."""
+    from sklearn import ensemble
+
+    kind = {"extra_trees": "ExtraTrees", "random_forest": "RandomForest"}[family]
+    estimator = getattr(ensemble, f"{kind}{'Classifier' if classification else 'Regressor'}")
+    return estimator(n_estimators=0, warm_start=True, max_features=float(config["max_features"]),
+                     min_samples_leaf=int(config["min_samples_leaf"]), max_depth=int(config["max_depth"]) or None,
+                     n_jobs=threads, random_state=seed)
+
+
+def forest_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
+    """A scikit-learn forest, grown ``checkpoint_interval`` trees at a time (a Tune trial reports after each share).
+
+    Runs in the job's own process or a Ray Tune trial, on the CPU (the forests have no GPU
+    implementation); it writes ``forest.npz`` (:mod:`airflow_ray_ml_stages.models.forest`).
+    """
+    cfg = TrainLoopConfig.of(cfg)
+    context = loop_context(cfg, context)
+    announce_worker(cfg, 0)
+    timings, phase_started = {}, time.monotonic()
+    train_arrays = start_reading_train_split(cfg, 0, 1)  # while scikit-learn imports
+    config = cfg.config
+    classes = None if cfg.class_priors is None else len(cfg.class_priors)
+    forest = forest_estimator(cfg.family, config, classes is not None, cfg.seed, cfg.threads)
+    val_x, val_y = split_arrays(cfg, "validation")
+    train_x, train_y = train_arrays()
+    target = train_y.astype(np.int64) if classes is not None else train_y.astype(np.float64)
+    timings["read_s"] = time.monotonic() - phase_started
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        """The forest's predictions: values, or (classification) every class's probability."""
+        if classes is None:
+            return forest.predict(x)
+        found = np.zeros((len(x), classes))
+        found[:, forest.classes_.astype(np.int64)] = forest.predict_proba(x)
+        return found
+
+    phase_started = time.monotonic()
+    total, every = int(config["n_estimators"]), cfg.checkpoint_interval()
+    grown = 0
+    while grown < total:
+        grown = min(total, grown + every)
+        forest.set_params(n_estimators=grown)
+        forest.fit(train_x, target)
+        if context.tune and grown < total:
+            tune_report({"trees": grown}, cfg.task, val_y, predict(val_x))
+    timings["fit_s"] = time.monotonic() - phase_started
+    phase_started = time.monotonic()
+    evaluated = {"validation": (val_x, val_y)}
+    if "test" in context.evaluation_splits():
+        evaluated["test"] = split_arrays(cfg, "test")
+    for split, (x, y) in evaluated.items():
+        write_evaluation(cfg, split, y, predict(x))
+    artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, FOREST_MODEL), forest_bytes(forest, classes))
+    timings["evaluate_s"] = time.monotonic() - phase_started
+    import sklearn
+
+    write_final(cfg, {"trees": total, "device": "cpu", "train_rows_per_worker": int(len(train_x)), "world_size": 1,
+                      "framework_versions": {"scikit-learn": sklearn.__version__},
+                      "loop_timings": _rounded(timings)})
+
+
+TRAIN_LOOPS = {"lightning": lightning_train_loop, "xgboost": xgboost_train_loop,
+               "extra_trees": forest_train_loop, "random_forest": forest_train_loop}
+"""Each family's training loop."""

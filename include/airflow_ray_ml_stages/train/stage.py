@@ -20,7 +20,7 @@ from airflow_ray_ml_stages.stage import run_stage
 from airflow_ray_ml_stages.train.contexts import InProcessTrainContext
 from airflow_ray_ml_stages.train.failures import deterministic_errors_fail_once
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
-from airflow_ray_ml_stages.train.loops import lightning_train_loop, xgboost_train_loop
+from airflow_ray_ml_stages.train.loops import TRAIN_LOOPS, lightning_train_loop, xgboost_train_loop
 from airflow_ray_ml_stages.train.finish import finish
 from airflow_ray_ml_stages.train.run_dir import run_name, storage_path
 from airflow_ray_ml_stages.train.sizing import gpu_placement_available, job_holds_gpu, plan_training
@@ -68,8 +68,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         log.info("training %s on %s in the job's process (Train's local mode without Ray Train), data: direct",
                  family, "GPU" if in_process_gpu else "CPU")
         fit_started = time.monotonic()
-        loop = lightning_train_loop if family == "lightning" else xgboost_train_loop
-        loop(loop_config, InProcessTrainContext())
+        TRAIN_LOOPS[family](loop_config, InProcessTrainContext())
         return finish(spec, compute, loop_config, train_rows, started, preprocessor_uri,
                        fit_s=time.monotonic() - fit_started, runner="in_process", num_workers=0,
                        sizing_reason=sizing_reason, device_reason=device_reason, use_gpu=in_process_gpu,
