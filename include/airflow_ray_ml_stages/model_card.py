@@ -19,7 +19,10 @@ from typing import Any
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import TASKS
 from airflow_ray_ml_stages.errors import ArtifactError
-from airflow_ray_ml_stages.train.config import FAMILIES
+from airflow_ray_ml_stages.train.config import ENSEMBLE, FAMILIES
+
+CARD_FAMILIES = (*FAMILIES, ENSEMBLE)
+"""What a card's ``family`` may be: a searchable family, or an ensemble of trained ones."""
 
 MODEL_CARD = "model_card.json"
 
@@ -29,12 +32,14 @@ class ModelCard:
     """``model_card.json``; fields after ``preprocessor`` are None where the writer had nothing to say."""
 
     family: str
-    """``lightning`` or ``xgboost``."""
+    """``lightning``, ``xgboost``, ``extra_trees``, ``random_forest`` or ``ensemble``."""
     feature_columns: list[str]
     """The model's inputs after preprocessing, in order."""
     label_column: str
     config: dict[str, Any]
-    """Resolved hyperparameters (and ``scaler`` where the config named one)."""
+    """Resolved hyperparameters (and ``scaler`` where the config named one); an ensemble's: its
+    ``members``, each with its ``dir`` (relative), ``weight``, ``trial_id``, ``family``, ``scaler``,
+    ``config`` and ``validation`` metrics."""
     metrics: dict[str, dict[str, float]]
     """Per split (``validation``, and ``test`` for a trained model): the task's metrics
     (:data:`airflow_ray_ml_stages.metrics.TASK_METRICS`)."""
@@ -86,8 +91,9 @@ class ModelCard:
             raise ArtifactError(f"{where} lacks field(s) {missing}; was it written by the train or tune stage?")
         if data.get("task", "regression") not in TASKS:
             raise ArtifactError(f"{where} names an unknown task {data['task']!r}; expected one of {list(TASKS)}")
-        if data["family"] not in FAMILIES:
-            raise ArtifactError(f"{where} names an unknown family {data['family']!r}; expected one of {list(FAMILIES)}")
+        if data["family"] not in CARD_FAMILIES:
+            raise ArtifactError(f"{where} names an unknown family {data['family']!r}; expected one of "
+                                f"{list(CARD_FAMILIES)}")
         return cls(**{field.name: data[field.name] for field in fields if field.name in data})
 
     @classmethod

@@ -367,6 +367,12 @@ def raw_split_rows(split_uri: str, preprocessor: Preprocessor,
     return inverse_transform(preprocessor, frame).to_dict(orient="records"), labels
 
 
+def apply_affine(features: np.ndarray, multiply, add) -> np.ndarray:
+    """float32 features mapped by :func:`feature_affine`'s ``(multiply, add)``, computed in float64."""
+    return (np.asarray(features).astype(np.float64) * np.asarray(multiply, dtype=np.float64)
+            + np.asarray(add, dtype=np.float64)).astype(np.float32)
+
+
 def feature_affine(written: Preprocessor, target: Preprocessor, feature_columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Per feature column ``(multiply, add)`` that turns data scaled by ``written`` into ``target``'s scaling.
 

@@ -661,8 +661,8 @@ class TuneSpec(PreprocessedData):
     :param start_configs: configs the random search runs first, before it samples (Ray Tune's
         ``points_to_evaluate``; they count toward ``num_samples``): each a train config of a family the
         space picks, with ``scaler`` (default: the space's first) and any hyperparameters (those it
-        does not name are sampled). None: ``DEFAULT_START_CONFIGS`` of the space's families (XGBoost
-        with its library's defaults and as a random forest), none for a space with grid domains;
+        does not name are sampled). None: ``DEFAULT_START_CONFIGS`` of the space's families (XGBoost,
+        ExtraTrees and the random forest with their defaults), none for a space with grid domains;
         ``[]``: none. With ``searcher`` ``optuna`` it must be None or ``[]``.
     :param scheduler: ``asha`` (early stopping of poor trials) or ``none`` (every trial runs to its end).
     :param num_samples: trials to run (times the grid's size, where the space has grid domains).
@@ -677,8 +677,9 @@ class TuneSpec(PreprocessedData):
         (:func:`airflow_ray_ml_stages.device.choose_device`); ``gpu``: the GPU whenever the probe
         found one; ``cpu``: never the GPU.
     :param time_budget_s: stop starting and running trials after this long; None: no limit.
-    :param reports_per_trial: how many times a trial reports over its full budget (epochs, rounds
-        or a forest's trees); ASHA's rungs count these reports, so every family is cut at the same share.
+    :param reports_per_trial: how many times a trial reports over its full budget (epochs or
+        rounds); ASHA's rungs count these reports, so both families are cut at the same share. A
+        forest reports once, at its end: ASHA never stops one (it trains in seconds).
     :param asha_grace_period: reports a trial always gets before ASHA may stop it.
     :param asha_reduction_factor: ASHA keeps the best 1/N at each rung.
     :param seed: seeds the searcher and every trial's training (the train stage's default, 42, so
@@ -690,6 +691,10 @@ class TuneSpec(PreprocessedData):
     :param resource_wait_s: how long the search waits for its first trial to start before it
         fails naming what holds the cluster's resources (Serve applications, other jobs); on an
         autoscaling cluster, allow for a new node's start-up.
+    :param ensemble_size: rounds of greedy ensemble selection (Caruana et al. 2004) over the
+        completed trials' validation predictions; where the weighted average of the trials it picks
+        beats the best trial on ``metric``, that ensemble is the best config (family ``ensemble``,
+        its members' trained models kept as they are). 0: the best trial alone.
     """
 
     stage: ClassVar[str] = "tune"
@@ -710,10 +715,12 @@ class TuneSpec(PreprocessedData):
     seed: int = 42
     reuse_actors: bool = True
     resource_wait_s: float = 120.0
+    ensemble_size: int = 25
 
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = "TuneSpec"
+        require_int_range(owner, "ensemble_size", self.ensemble_size, 0)
         if not isinstance(self.reuse_actors, bool):
             raise SpecError(f"{owner}.reuse_actors must be true or false, got {self.reuse_actors!r}")
         if self.metric is None:
@@ -779,12 +786,13 @@ class TuneResult(JsonDataclass):
     """What the ``tune`` stage returns (its manifest and the XCom).
 
     :param best_config: ``family``, ``scaler`` and the family's hyperparameters of the best
-        completed trial: pass it as is to RayTrainOperator's ``config``.
-    :param best_trial_id: that trial's id (the leaderboard's rank 1).
+        completed trial, or (family ``ensemble``) the ensemble's ``members`` where it beats every
+        trial: pass it as is to RayTrainOperator's ``config``.
+    :param best_trial_id: that trial's id (the leaderboard's rank 1); ``ensemble`` for an ensemble.
     :param metric: the validation metric optimised; ``mode`` its direction.
     :param best_metric: the best trial's value of ``metric`` (its final model, on validation).
     :param best_metrics: all validation metrics of the best trial.
-    :param best_checkpoint_uri: the best trial's model directory (loadable with ``load_model``).
+    :param best_checkpoint_uri: the best trial's (or the ensemble's) model directory (loadable with ``load_model``).
     :param leaderboard_json_uri: every trial, best first (see the README for the row format).
     :param leaderboard_csv_uri: the same rows, flattened.
     :param plot_uri: PNG: the metric of every trial over time, with the best-so-far line.

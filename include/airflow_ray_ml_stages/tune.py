@@ -11,7 +11,10 @@ Run as ``python -m airflow_ray_ml_stages.tune --spec '<json>'`` (a Ray job). The
    over its budget with ``ray.tune.report``; ASHA (default) stops poor trials at those reports;
 3. scores each completed trial's final model on the validation split exactly as the train stage
    does (so RayTrain given the best config reproduces it), records failed and early-stopped trials
-   too, and writes the leaderboard (JSON and CSV), a plot, and the best trial's model directory.
+   too, and writes the leaderboard (JSON and CSV), a plot, and the best trial's model directory;
+4. selects an ensemble of the completed trials on their validation predictions
+   (:mod:`airflow_ray_ml_stages.ensemble`): where it beats every trial it is the leaderboard's
+   first row (``ensemble``) and the best config, its members the trials' models as trained.
 
 The test split is not read: choosing never sees it.
 """
@@ -37,6 +40,7 @@ from airflow_ray_ml_stages.capacity import (
 )
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.device import choose_device
+from airflow_ray_ml_stages.ensemble import assemble, select_ensemble
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
@@ -46,7 +50,7 @@ from airflow_ray_ml_stages.probe import cpu_headroom
 from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
-from airflow_ray_ml_stages.train.config import resolve_train_config
+from airflow_ray_ml_stages.train.config import ENSEMBLE, resolve_train_config
 
 log = logging.getLogger("airflow_ray_ml_stages.tune")
 
@@ -473,10 +477,11 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
             f"{fixes('cpus_per_trial')}"
         )
     rows, histories = collect_rows(results, space, spec, started_wall, clock)
-    rows = sort_rows(rows, spec.metric, spec.mode)
     counts = {"total": len(rows), "completed": sum(r["status"] == COMPLETED for r in rows),
               "failed": sum(r["status"] == FAILED for r in rows),
               "early_stopped": sum(r["status"] == EARLY_STOPPED for r in rows)}
+    ensemble = ensemble_row(spec, rows)
+    rows = sort_rows([*rows, *([ensemble] if ensemble else [])], spec.metric, spec.mode)
 
     json_uri = artifacts.join(spec.artifact_dir, LEADERBOARD_JSON)
     csv_uri = artifacts.join(spec.artifact_dir, LEADERBOARD_CSV)
@@ -502,10 +507,16 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
             f"listed in {json_uri}), or raise time_budget_s"
         )
     best = rows[0]
+    if best is ensemble:
+        best_dir = write_ensemble_dir(spec, ensemble)
+        log.info("the ensemble beats every trial on validation %s: %s", spec.metric, ", ".join(
+            f"{member['trial_id']} ({member['family']}) x {member['weight']:.2f}" for member in best["config"]["members"]))
+    else:
+        best_dir = artifacts.join(trial_dir(spec.artifact_dir, best["trial_id"]), "model")
     return TuneResult(
         best_config=best["config"], best_trial_id=best["trial_id"], metric=spec.metric, mode=spec.mode,
         best_metric=best["metrics"][spec.metric], best_metrics=best["metrics"],
-        best_checkpoint_uri=artifacts.join(trial_dir(spec.artifact_dir, best["trial_id"]), "model"),
+        best_checkpoint_uri=best_dir,
         leaderboard_json_uri=json_uri, leaderboard_csv_uri=csv_uri, plot_uri=plot_uri, trials=counts,
         searcher=spec.searcher, scheduler=spec.scheduler, time_s=round(time.monotonic() - started, 3),
         search_space=space.raw,
@@ -513,6 +524,50 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
                              **({"gpu_fallback_reason": fallback} if fallback else {})},
         data_fingerprint=spec.data_fingerprint, trial_sizing=plan.reason, most_trials_at_once=clock.most_at_once(),
     )
+
+
+def ensemble_row(spec: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The leaderboard row of the ensemble of completed trials, where it beats the best of them on validation.
+
+    Greedy selection (:func:`airflow_ray_ml_stages.ensemble.select_ensemble`) over the completed trials'
+    validation predictions, best trial first; None where it keeps one trial, or fewer than two completed.
+    """
+    completed = sort_rows([row for row in rows if row["status"] == COMPLETED], spec.metric, spec.mode)
+    if len(completed) < 2 or not spec.ensemble_size:
+        return None
+    started = time.time()
+    labels, predictions = None, {}
+    for row in completed:
+        labels, predictions[row["trial_id"]] = read_validation(trial_dir(spec.artifact_dir, row["trial_id"]))
+    selection = select_ensemble(labels, predictions, spec.task, spec.metric.removeprefix("val_"), spec.mode,
+                                spec.ensemble_size)
+    if len(selection.weights) < 2:
+        log.info("ensemble selection kept the best trial alone: no average of trials beats it on %s", spec.metric)
+        return None
+    by_id = {row["trial_id"]: row for row in completed}
+    members = [{"model_dir": artifacts.join(trial_dir(spec.artifact_dir, trial_id), "model"), "weight": weight,
+                "trial_id": trial_id, "family": by_id[trial_id]["family"], "scaler": by_id[trial_id]["scaler"],
+                "config": by_id[trial_id]["config"],
+                "validation": {name.removeprefix("val_"): value for name, value in by_id[trial_id]["metrics"].items()}}
+               for trial_id, weight in selection.weights]
+    ended = time.time()
+    return {"rank": 0, "trial_id": ENSEMBLE, "family": ENSEMBLE, "scaler": None,
+            "config": {"family": ENSEMBLE, "members": members},
+            "metrics": {f"val_{name}": value for name, value in selection.metrics.items()}, "status": COMPLETED,
+            "iterations": selection.rounds, "time_s": round(ended - started, 3), "error": None, "end_s": None,
+            "started_at": round(started, 3), "ended_at": round(ended, 3)}
+
+
+def write_ensemble_dir(spec: TuneSpec, row: dict[str, Any]) -> str:
+    """The ensemble's model directory under the search's (its members copied, a validation-only card)."""
+    model_dir = artifacts.join(spec.artifact_dir, ENSEMBLE, "model")
+    listed = assemble(row["config"]["members"], model_dir, spec.preprocessor_uri)
+    ModelCard(family=ENSEMBLE, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
+              task=spec.task, classes=spec.classes, config={"members": listed},
+              metrics={"validation": {name.removeprefix("val_"): value for name, value in row["metrics"].items()}},
+              seed=spec.seed, data_fingerprint=spec.data_fingerprint,
+              preprocessor=PREPROCESSOR if spec.preprocessor_uri else None, trial_id=ENSEMBLE).write(model_dir)
+    return model_dir
 
 
 def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: float,

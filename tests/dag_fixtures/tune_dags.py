@@ -19,7 +19,7 @@ START_CONFIGS = [
     {"family": "xgboost", "num_parallel_tree": 10, "num_boost_round": 1, "eta": 1.0, "max_depth": 4,
      "subsample": 0.632, "colsample_bynode": 0.8},
     {"family": "extra_trees", "max_features": 0.8, "max_depth": 12},
-    {"family": "random_forest", "min_samples_leaf": 2, "max_depth": 12},
+    {"family": "random_forest", "scaler": "minmax", "min_samples_leaf": 2, "max_depth": 12},
 ]
 
 

@@ -114,8 +114,11 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
     # 2. a better one, trained on other data (another demo seed), replaces it. The gate scored the
     #    champion over HTTP on this run's test split, not by the metric its card kept; the answer
     #    comes from the model the replica loaded from the bucket
-    second = _run("wine_quality_pipeline", datetime(2026, 6, 2, tzinfo=timezone.utc), **{**ONE_TRIAL, "demo_seed": 2})
+    #    It is an ensemble of its two trials (XGBoost and ExtraTrees), assembled and served from the bucket
+    second = _run("wine_quality_pipeline", datetime(2026, 6, 2, tzinfo=timezone.utc),
+                  **{**ONE_TRIAL, "demo_seed": 2, "num_trials": 2, "families": ["xgboost", "extra_trees"]})
     second_version = _xcom(second, "train")["model_version"]
+    assert _xcom(second, "train")["family"] == "ensemble"
     assert _xcom(second, "preprocess")["fingerprint"] != _xcom(first, "preprocess")["fingerprint"]
     decision = _xcom(second, "deploy", key="decision")
     assert decision["action"] == "promoted" and decision["champion_version"] == first_version
@@ -133,6 +136,7 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
                  "/preprocess/splits/", ".json", "/tune/"):
         assert any(what in key for key in keys), what
     assert any(key.startswith(model_dir[len("s3://"):] + "/") for key in keys)
+    assert any(key.startswith(model_dir[len("s3://"):] + "/members/1/") for key in keys)  # the ensemble's members
     for name in ("history.json", "previous_config.json", f"configs/{second_version}.json"):
         assert f"{bucket_root}/serving/wine-quality/{name}" in keys, name
     assert any(key.startswith(f"{bucket_root}/serving/wine-quality/code/") for key in keys)
@@ -150,7 +154,7 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
     scored = pd.concat([pd.read_csv(io.BytesIO(filesystem.open_input_stream(key).read())) for key in parts])
     assert len(scored) == 300 and scored["predicted_quality"].between(0, 10).all()
 
-    # 4. a rollback restores the first model from the config its promotion kept in the bucket
+    # 4. a rollback from the ensemble restores the first model from the config its promotion kept in the bucket
     _run("ray_serve_rollback", datetime(2026, 6, 4, tzinfo=timezone.utc), app_name="wine-quality",
          reason="s3 test")
     assert _health(endpoint) == first_version

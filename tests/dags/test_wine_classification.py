@@ -1,6 +1,6 @@
 """Classification end to end, once: the wine DAG on a generated table that is not wine (a three-class
 text label, a categorical feature) with the trigger form's conf and its Deploy fields left empty, a
-short search over both families, ending in real HTTP calls; then batch scoring of the team's own
+short search whose champion is an ensemble of trials, ending in real HTTP calls; then batch scoring of the team's own
 file with each class's probability. Integer classes (the wine grades) are served over HTTP in
 tests/include/test_serve.py; two classes made from the grades by ``label_threshold``: the data
 stage's tests and the Params' (test_wine_params.py)."""
@@ -83,8 +83,8 @@ def classifier_run(airflow_db, ray_conn, tmp_path_factory, own_serve_apps):
     dag = load_dag("wine_quality_pipeline", ROOT / "dags")
     # as the trigger form sends it: every Param, the Deploy fields as they start (one typed in and cleared)
     conf = {**{name: param.value for name, param in dag.params.items()}, "source": [str(path)],
-            "label_column": LABEL, "task": "classification", "families": ["lightning", "xgboost"],
-            "num_trials": 2, "max_epochs": 3, "num_boost_round": 40, "serve_app": ""}
+            "label_column": LABEL, "task": "classification", "num_trials": 3, "max_epochs": 3,
+            "num_boost_round": 40, "serve_app": ""}
     assert conf["serve_route"] is None and conf["on_schema_change"] == "promote"
     own_serve_apps.add(APP)
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -97,6 +97,16 @@ def test_a_table_that_is_not_wine_as_the_form_sends_it_runs_to_a_classifier_serv
         classifier_run):
     dag_run, table = classifier_run.dag_run, classifier_run.table
     deployed = _check_classifier_run(dag_run, CLASSES)
+    # every family in the form, three trials (the start configs: XGBoost and the two forests), and their
+    # average beats each of them: the champion is an ensemble whose card lists its members and weights
+    model = _xcom(dag_run, "train")
+    tuned = _xcom(dag_run, "tune")
+    assert model["family"] == "ensemble" == tuned["best_config"]["family"]
+    members = model["config"]["members"]
+    assert [m["trial_id"] for m in members] == [m["trial_id"] for m in tuned["best_config"]["members"]]
+    assert len(members) >= 2 and sum(member["weight"] for member in members) == pytest.approx(1)
+    assert {member["family"] for member in members} <= {"xgboost", "extra_trees", "random_forest"}
+    assert all(set(member["validation"]) == {"log_loss", "accuracy", "macro_f1"} for member in members)
     preprocessed = _xcom(dag_run, "preprocess")
     assert "plan=basic" in preprocessed["feature_columns"]  # the text feature, one-hot encoded
     # the Deploy fields left empty: the application and its route are named after the label

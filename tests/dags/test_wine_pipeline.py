@@ -41,14 +41,21 @@ def test_wine_dag_runs_with_small_params(wine_regression):
     tuned = _xcom(dag_run, "tune")
     assert tuned["trials"]["total"] == 3 and tuned["trials"]["completed"] >= 1
     leaderboard = artifacts.read_json(tuned["leaderboard_json_uri"])
-    assert leaderboard[0]["trial_id"] == tuned["best_trial_id"] and len(leaderboard) == 3
+    assert leaderboard[0]["trial_id"] == tuned["best_trial_id"]
+    assert len([row for row in leaderboard if row["trial_id"] != "ensemble"]) == 3  # and the ensemble where it wins
     model = _xcom(dag_run, "train")
-    # train fits tune's best config as is: same family, scaler and hyperparameters
+    # train fits tune's best config as is: same family, scaler and hyperparameters, or the same members and
+    # weights of an ensemble
     assert model["family"] == tuned["best_config"]["family"]
-    assert {k: model["config"][k] for k in tuned["best_config"] if k in model["config"]} == {
-        k: v for k, v in tuned["best_config"].items() if k in model["config"]}
+    if model["family"] == "ensemble":
+        assert [(m["trial_id"], m["weight"]) for m in model["config"]["members"]] == [
+            (m["trial_id"], pytest.approx(m["weight"])) for m in tuned["best_config"]["members"]]
+    else:
+        assert {k: model["config"][k] for k in tuned["best_config"] if k in model["config"]} == {
+            k: v for k, v in tuned["best_config"].items() if k in model["config"]}
     assert model["metrics"]["test"]["rmse"] < model["baseline"]["test_rmse"]
-    assert model["compute_used"]["device_reason"].startswith("CPU: the probe found no usable GPU")
+    assert model["compute_used"]["device_reason"].startswith(
+        "CPU: an ensemble" if model["family"] == "ensemble" else "CPU: the probe found no usable GPU")
     deployed = _xcom(dag_run, "deploy")
     assert deployed["action"] == "promoted" and deployed["model_version"] == model["model_version"]
     assert deployed["endpoint"] == wine_regression.endpoint  # the Deploy Params as they start: /wine

@@ -257,3 +257,46 @@ def test_a_start_config_with_a_list_choice_is_searched_by_its_index():
 def test_bad_start_config_raises_naming_it(fields, message):
     with pytest.raises(SpecError, match=message):
         TuneSpec(**{**DATA, **fields})
+
+
+def test_ensemble_selection_averages_trials_whose_errors_differ_and_keeps_a_trial_no_average_beats():
+    from airflow_ray_ml_stages.ensemble import select_ensemble
+
+    rng = np.random.default_rng(0)
+    labels = rng.normal(size=2000)
+    one, other = labels + rng.normal(scale=0.5, size=2000), labels + rng.normal(scale=0.5, size=2000)
+    worse = labels + rng.normal(scale=2.0, size=2000)
+    chosen = select_ensemble(labels, {"a": one, "b": other, "c": worse}, "regression", "rmse", "min")
+    weights = dict(chosen.weights)
+    assert set(weights) >= {"a", "b"} and sum(weights.values()) == pytest.approx(1)
+    assert 0.3 < weights["a"] < 0.7 and weights.get("c", 0) < 0.2
+    best_alone = min(np.sqrt(np.mean((p - labels) ** 2)) for p in (one, other))
+    averaged = sum(weight * {"a": one, "b": other, "c": worse}[name] for name, weight in chosen.weights)
+    assert chosen.metrics["rmse"] == pytest.approx(np.sqrt(np.mean((averaged - labels) ** 2)))
+    assert chosen.metrics["rmse"] < best_alone * 0.8
+    # a trial that is right on every row: no average beats it, so it stays alone
+    alone = select_ensemble(labels, {"exact": labels + 1e-9, "a": one, "b": other}, "regression", "rmse", "min")
+    assert alone.weights == [("exact", 1.0)] and alone.rounds == 1
+    # classification averages probabilities, by a metric to maximise as well
+    classes = rng.integers(0, 3, size=600)
+    def noisy(seed):
+        logits = np.eye(3)[classes] * 2 + np.random.default_rng(seed).normal(size=(600, 3))
+        return np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    for metric, mode in (("log_loss", "min"), ("accuracy", "max")):
+        found = select_ensemble(classes, {"x": noisy(1), "y": noisy(2)}, "classification", metric, mode)
+        assert len(found.weights) == 2, metric
+
+
+@pytest.mark.parametrize(("members", "message"), [
+    ([], "needs 'members': a non-empty list"),
+    ([{"model_dir": "/m/0", "weight": 0}], r"members\[0\].weight must be a number > 0, got 0"),
+    ([{"model_dir": "", "weight": 1}], r"members\[0\].model_dir must be a model directory's URI"),
+    ([{"model_dir": "/m/0", "weight": 1, "family": "ensemble"}], "an ensemble does not nest"),
+    ([{"model_dir": "/m/0", "weight": 1, "path": "/x"}], r"members\[0\] must be an object of"),
+])
+def test_ensemble_config_refuses_bad_members_naming_them(members, message):
+    with pytest.raises(SpecError, match=message):
+        resolve_train_config({"family": "ensemble", "members": members})
+    config = resolve_train_config({"family": "ensemble", "members": [{"model_dir": "/m/0", "weight": 3},
+                                                                     {"model_dir": "/m/1", "weight": 1}]})
+    assert [member["weight"] for member in config["members"]] == [0.75, 0.25]

@@ -17,6 +17,7 @@ from airflow_ray_ml_stages.train.config import FAMILY_DEFAULTS
 from tests.conftest import load_dag
 from tests.dag_fixtures.tune_dags import START_CONFIGS
 from tests.operators.test_ray_job import _xcom
+from airflow_ray_ml_stages.metrics import regression_metrics
 from tests.train_data import load_split, write_preprocessed
 
 LOGICAL_DATE = datetime(2026, 5, 1, tzinfo=timezone.utc)
@@ -35,6 +36,11 @@ SMALL_SPACE = {
 def preprocess(tmp_path_factory) -> dict:
     """A preprocess manifest's fields for 3,000 generated wine rows, written with the standard scaler."""
     return write_preprocessed(tmp_path_factory.mktemp("tune-data"), rows=3000, seed=11)
+
+
+def preprocess_scaler(preprocess: dict) -> str:
+    """The scaler the splits were written with."""
+    return json.loads(Path(preprocess["preprocessor_uri"]).read_text())["scaler"]
 
 
 def _run(dag_id: str, preprocess: dict, space: dict, day: int = 0):
@@ -56,18 +62,27 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     # the DAG's max_concurrent_trials=2 holds, though the trials' CPUs would fit all four at once
     assert 1 <= manifest["most_trials_at_once"] <= 2
 
-    rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
-    assert [row["rank"] for row in rows] == [1, 2, 3, 4] and len({row["trial_id"] for row in rows}) == 4
+    everything = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+    assert [row["rank"] for row in everything] == [1, 2, 3, 4, 5]
+    # Averaging the forests' and XGBoost's trials beats each of them on validation: the ensemble is the best.
+    ensemble, *rows = everything
+    assert ensemble["trial_id"] == manifest["best_trial_id"] == "ensemble" and ensemble["family"] == "ensemble"
+    members = ensemble["config"]["members"]
+    assert manifest["best_config"] == ensemble["config"] and len(members) >= 2
+    assert sum(member["weight"] for member in members) == pytest.approx(1)
+    by_id = {row["trial_id"]: row for row in rows}
+    for member in members:
+        trial = by_id[member["trial_id"]]
+        assert trial["status"] == "COMPLETED" and member["family"] == trial["family"]
+        assert member["validation"]["rmse"] == trial["metrics"]["val_rmse"] > ensemble["metrics"]["val_rmse"]
+    assert len({row["trial_id"] for row in rows}) == 4
     # The start configs ran as given (the forests with keys the space does not name): one trial per family.
     assert sorted(row["family"] for row in rows) == sorted(SMALL_SPACE["family"]["choice"])
     for start in START_CONFIGS:
         assert [row for row in rows if start.items() <= row["config"].items()], start
-    completed = [row["metrics"]["val_rmse"] for row in rows if row["status"] == "COMPLETED"]
+    completed = [row["metrics"]["val_rmse"] for row in everything if row["status"] == "COMPLETED"]
     assert completed == sorted(completed) and rows[0]["status"] == "COMPLETED"
-    best = rows[0]
-    assert best["trial_id"] == manifest["best_trial_id"] and best["config"] == manifest["best_config"]
-    assert best["metrics"]["val_rmse"] == manifest["best_metric"] == manifest["best_metrics"]["val_rmse"]
-    assert best["config"]["scaler"] in ("standard", "minmax")
+    assert ensemble["metrics"]["val_rmse"] == manifest["best_metric"] == manifest["best_metrics"]["val_rmse"]
     for row in rows:
         assert row["iterations"] >= 1 and row["time_s"] > 0 and row["error"] is None
         assert set(row["metrics"]) == {"val_rmse", "val_mae", "val_acc_0_5", "val_acc_1_0"}
@@ -77,7 +92,7 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
 
     with open(manifest["leaderboard_csv_uri"], newline="") as handle:
         table = list(csv.DictReader(handle))
-    assert [row["trial_id"] for row in table] == [row["trial_id"] for row in rows]
+    assert [row["trial_id"] for row in table] == [row["trial_id"] for row in everything]
     assert float(table[0]["val_rmse"]) == manifest["best_metric"]
     assert Path(manifest["plot_uri"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Each trial's history (the plot's curves) is kept by Tune's CSV and JSON loggers; no TensorBoard
@@ -86,18 +101,27 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     assert {"progress.csv", "result.json"} <= written
     assert not [name for name in written if name.startswith("events.out.tfevents")]
 
-    # The best checkpoint is a model directory that predicts the metric the leaderboard shows.
+    # The best checkpoint is the ensemble's model directory: it predicts the metric the leaderboard shows, each
+    # member given the features as its own scaler scales them (the random forest's minmax, the others' standard).
     model = load_model(manifest["best_checkpoint_uri"])
-    assert model.card.config["scaler"] == manifest["best_config"]["scaler"]
+    assert model.family == "ensemble" and [weight for weight, _, _ in model.members] == [m["weight"] for m in members]
+    x, y = load_split(preprocess["split_uris"]["validation"], preprocess["feature_columns"], preprocess["label_column"])
+    assert regression_metrics(y, model.predict(x))["rmse"] == pytest.approx(manifest["best_metric"], rel=1e-9)
     assert not list(Path(manifest["artifact_dir"]).rglob("test.npz"))  # the test split was never scored
 
-    # RayTrain given the best config as is trains the same model: same validation metric.
+    # RayTrain given the ensemble assembles it from the trials' models, as trained: the same validation metric.
     trained = _xcom(dag_run, "train")
-    assert trained["config"]["scaler"] == manifest["best_config"]["scaler"]
-    assert trained["metrics"]["validation"]["rmse"] == pytest.approx(manifest["best_metric"], rel=0.02)
+    assert trained["family"] == "ensemble" and trained["training"]["runner"] == "assemble"
+    assert trained["metrics"]["validation"]["rmse"] == pytest.approx(manifest["best_metric"], rel=1e-9)
+    assert trained["metrics"]["test"]["rmse"] < trained["baseline"]["test_rmse"]
     card = json.loads((Path(trained["model_dir"]) / "model_card.json").read_text())
+    assert [(m["dir"], m["trial_id"], m["weight"]) for m in card["config"]["members"]] == [
+        (f"members/{index}", m["trial_id"], m["weight"]) for index, m in enumerate(members)]
+    for index, member in enumerate(members):
+        copied = Path(trained["model_dir"]) / "members" / str(index)
+        assert json.loads((copied / "model_card.json").read_text())["trial_id"] == member["trial_id"]
     served_scaler = json.loads((Path(trained["model_dir"]) / "preprocessor.json").read_text())["scaler"]
-    assert served_scaler == manifest["best_config"]["scaler"] == card["config"]["scaler"]
+    assert served_scaler == preprocess_scaler(preprocess)
 
 
 @pytest.mark.integration
@@ -122,12 +146,12 @@ def test_tune_optuna_searcher_samples_inside_the_space_and_every_trial_completes
     manifest = _xcom(dag_run, "tune")
     assert manifest["searcher"] == "optuna" and manifest["scheduler"] == "none"
     assert manifest["trials"] == {"total": 4, "completed": 4, "failed": 0, "early_stopped": 0}
-    rows = json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+    rows = [row for row in json.loads(Path(manifest["leaderboard_json_uri"]).read_text()) if row["trial_id"] != "ensemble"]
     for row in rows:
         assert 2 <= row["config"]["max_depth"] < 6 and 0.05 <= row["config"]["eta"] <= 0.3
         assert row["scaler"] in ("standard", "none") and row["iterations"] >= 2
     assert len({row["config"]["eta"] for row in rows}) == 4  # the searcher proposed four configs
-    assert rows[0]["metrics"]["val_rmse"] == manifest["best_metric"] == min(r["metrics"]["val_rmse"] for r in rows)
+    assert manifest["best_metric"] <= min(r["metrics"]["val_rmse"] for r in rows)
 
 
 def _operator(**kwargs) -> RayTuneOperator:

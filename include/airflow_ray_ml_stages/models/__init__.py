@@ -8,7 +8,9 @@ when there is one, and the model in a format that loads without pickle:
   ``model_config.json`` (n_features, hidden sizes, dropout, label offset and scale);
 - ``xgboost``: ``model.ubj``, XGBoost's own format;
 - ``extra_trees``, ``random_forest``: ``forest.npz``, the trees as plain arrays
-  (:mod:`airflow_ray_ml_stages.models.forest`), applied with numpy.
+  (:mod:`airflow_ray_ml_stages.models.forest`), applied with numpy;
+- ``ensemble``: ``members/<i>/``, each a model directory of the above, averaged with the weights
+  the card lists (:mod:`airflow_ray_ml_stages.ensemble`).
 
 ``load_model(model_dir)`` returns an object with ``.predict(features) -> np.ndarray`` (features
 already preprocessed, columns in the card's ``feature_columns`` order) and ``.card``. For a
@@ -26,7 +28,7 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.model_card import ModelCard
-from airflow_ray_ml_stages.train.config import FORESTS
+from airflow_ray_ml_stages.train.config import ENSEMBLE, FORESTS
 
 PREPROCESSOR = "preprocessor.json"
 TORCH_WEIGHTS = "model.pt"
@@ -146,9 +148,58 @@ def load_torch_state_dict(data: bytes) -> dict:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel:
+class EnsembleModel:
+    """Trained models averaged with weights: each gets the features as its own preprocessor scales them."""
+
+    family = ENSEMBLE
+
+    def __init__(self, card: ModelCard, members: list[tuple[float, Any, tuple | None]]) -> None:
+        self.card = card
+        self.members = members  # (weight, model, (multiply, add) or None)
+
+    def predict(self, features: Any) -> np.ndarray:
+        from airflow_ray_ml_stages.preprocessor import apply_affine
+
+        array = _as_features(features, len(self.card.feature_columns))
+        total = None
+        for weight, model, affine in self.members:
+            predicted = weight * model.predict(array if affine is None else apply_affine(array, *affine))
+            total = predicted if total is None else total + predicted
+        return total
+
+
+def _load_ensemble(model_dir: str, card: ModelCard) -> EnsembleModel:
+    from airflow_ray_ml_stages.errors import ArtifactError
+    from airflow_ray_ml_stages.preprocessor import Preprocessor, feature_affine
+
+    members = card.config.get("members") if isinstance(card.config, dict) else None
+    if not isinstance(members, list) or not members:
+        raise ArtifactError(f"the ensemble card of {model_dir!r} lists no members")
+    top = Preprocessor.load(artifacts.join(model_dir, PREPROCESSOR)) if card.preprocessor else None
+    loaded = []
+    for index, member in enumerate(members):
+        directory = member.get("dir") if isinstance(member, dict) else None
+        if directory != f"members/{index}" or not isinstance(member.get("weight"), (int, float)):
+            raise ArtifactError(f"the ensemble card of {model_dir!r} lists member {index} as {member!r}; expected "
+                                f"dir 'members/{index}' and a weight")
+        member_dir = artifacts.join(model_dir, directory)
+        model = load_model(member_dir)
+        if model.family == ENSEMBLE or model.card.feature_columns != card.feature_columns:
+            raise ArtifactError(f"ensemble member {member_dir!r} is an ensemble or takes other features")
+        affine = None
+        if top is not None and model.card.preprocessor:
+            own = Preprocessor.load(artifacts.join(member_dir, PREPROCESSOR))
+            if own.scaler != top.scaler:
+                affine = feature_affine(top, own, list(card.feature_columns))
+        loaded.append((float(member["weight"]), model, affine))
+    return EnsembleModel(card, loaded)
+
+
+def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel | EnsembleModel:
     """Load a model directory (local path or ``s3://``/``gs://`` URI) written by the train stage."""
     card = ModelCard.read(model_dir)
+    if card.family == ENSEMBLE:
+        return _load_ensemble(model_dir, card)
     if card.family in FORESTS:
         from airflow_ray_ml_stages.models.forest import FOREST_MODEL, ForestTrees
 

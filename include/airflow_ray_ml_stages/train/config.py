@@ -61,9 +61,14 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 """Each family's defaults: every hyperparameter it takes (XGBoost takes more, see below)."""
 
+ENSEMBLE = "ensemble"
+"""The family of a model that averages trained trials (``airflow_ray_ml_stages.ensemble``): never
+searched, it is what the tune stage's ensemble selection gives the train stage to assemble."""
+ENSEMBLE_MEMBER_KEYS = ("model_dir", "weight", "trial_id", "family", "scaler", "config", "validation")
+
 BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round", **{forest: "n_estimators" for forest in FORESTS}}
 """The hyperparameter that sets a family's training length (ASHA's budget is a share of it): epochs,
-boosting rounds, or a forest's trees (grown a share at a time)."""
+boosting rounds, or a forest's trees (a forest reports only its end, so ASHA never cuts one)."""
 
 OPEN_FAMILIES = ("xgboost",)
 """Families that take hyperparameters beyond their defaults' (the booster's many parameters, unchecked)."""
@@ -172,6 +177,8 @@ def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise SpecError(f"TrainSpec.config must be a JSON object, got {config!r}")
     family = config.get("family", "lightning")
+    if family == ENSEMBLE:
+        return resolve_ensemble_config(config)
     require_choice("TrainSpec", "config['family']", family, FAMILIES)
     if "scaler" in config:
         require_choice("TrainSpec", "config['scaler']", config["scaler"], SCALERS)
@@ -188,3 +195,36 @@ def resolve_train_config(config: dict[str, Any]) -> dict[str, Any]:
             raise SpecError(f"TrainSpec.config[{name!r}] must be {constraint.describe()}, got {resolved[name]!r}")
         resolved[name] = constraint.normalize(resolved[name])
     return resolved
+
+
+def resolve_ensemble_config(config: dict[str, Any]) -> dict[str, Any]:
+    """An ensemble's config checked: ``members``, each a trained model directory and its weight (> 0).
+
+    The weights come back as shares (summing to 1); each member keeps what the tune stage recorded of
+    it (``trial_id``, ``family``, ``scaler``, ``config``, ``validation`` metrics).
+    """
+    where = "TrainSpec.config (family 'ensemble')"
+    unknown = sorted(set(config) - {"family", "members", *_CONFIG_IGNORED})
+    if unknown:
+        raise SpecError(f"{where} takes 'members' only, got {unknown}")
+    members = config.get("members")
+    if not isinstance(members, list) or not members:
+        raise SpecError(f"{where} needs 'members': a non-empty list of {{'model_dir': <a trained model directory>, "
+                        f"'weight': <a number > 0>}}, got {members!r}")
+    checked = []
+    for index, member in enumerate(members):
+        if not isinstance(member, dict) or sorted(set(member) - set(ENSEMBLE_MEMBER_KEYS)):
+            raise SpecError(f"{where}: members[{index}] must be an object of {list(ENSEMBLE_MEMBER_KEYS)}, got {member!r}")
+        directory, weight = member.get("model_dir"), member.get("weight")
+        if not isinstance(directory, str) or not directory.strip():
+            raise SpecError(f"{where}: members[{index}].model_dir must be a model directory's URI, got {directory!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
+            raise SpecError(f"{where}: members[{index}].weight must be a number > 0, got {weight!r}")
+        if member.get("family", "lightning") not in FAMILIES:
+            raise SpecError(f"{where}: members[{index}].family must be one of {list(FAMILIES)} (an ensemble does not "
+                            f"nest), got {member.get('family')!r}")
+        checked.append(dict(member))
+    total = sum(float(member["weight"]) for member in checked)
+    for member in checked:
+        member["weight"] = float(member["weight"]) / total
+    return {"family": ENSEMBLE, "members": checked}

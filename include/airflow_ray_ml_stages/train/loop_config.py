@@ -68,14 +68,12 @@ class TrainLoopConfig:
         return task_of(self.class_priors)
 
     def checkpoint_interval(self) -> int:
-        """Checkpoint (and report) every this many epochs, rounds or trees: the setting, else every epoch, a
-        tenth of the rounds, or a forest's trees at once (a forest keeps no checkpoint)."""
+        """Checkpoint (and report) every this many epochs or rounds: the setting, else every epoch or a tenth
+        of the rounds. A forest neither checkpoints nor reports before its end."""
         if self.checkpoint_every:
             return self.checkpoint_every
         if self.family == "xgboost":
             return max(1, self.config["num_boost_round"] // 10)
-        if "n_estimators" in self.config:
-            return self.config["n_estimators"]
         return 1
 
     def to_dict(self) -> dict[str, Any]:

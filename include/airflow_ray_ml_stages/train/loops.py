@@ -313,16 +313,19 @@ def forest_estimator(family: str, config: dict[str, Any], classification: bool, 
 
     kind = {"extra_trees": "ExtraTrees", "random_forest": "RandomForest"}[family]
     estimator = getattr(ensemble, f"{kind}{'Classifier' if classification else 'Regressor'}")
-    return estimator(n_estimators=0, warm_start=True, max_features=float(config["max_features"]),
+    return estimator(n_estimators=int(config["n_estimators"]), max_features=float(config["max_features"]),
                      min_samples_leaf=int(config["min_samples_leaf"]), max_depth=int(config["max_depth"]) or None,
                      n_jobs=threads, random_state=seed)
 
 
 def forest_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
-    """A scikit-learn forest, grown ``checkpoint_interval`` trees at a time (a Tune trial reports after each share).
+    """A scikit-learn forest, grown in one go.
 
     Runs in the job's own process or a Ray Tune trial, on the CPU (the forests have no GPU
-    implementation); it writes ``forest.npz`` (:mod:`airflow_ray_ml_stages.models.forest`).
+    implementation); it writes ``forest.npz`` (:mod:`airflow_ray_ml_stages.models.forest`). In a
+    trial it reports once, its final model's metrics, so ASHA never stops a forest: one trains in
+    seconds, a part of its trees says little of the whole, and a completed trial is one more model
+    the ensemble selection can use.
     """
     cfg = TrainLoopConfig.of(cfg)
     context = loop_context(cfg, context)
@@ -346,14 +349,8 @@ def forest_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None
         return found
 
     phase_started = time.monotonic()
-    total, every = int(config["n_estimators"]), cfg.checkpoint_interval()
-    grown = 0
-    while grown < total:
-        grown = min(total, grown + every)
-        forest.set_params(n_estimators=grown)
-        forest.fit(train_x, target)
-        if context.tune and grown < total:
-            tune_report({"trees": grown}, cfg.task, val_y, predict(val_x))
+    total = int(config["n_estimators"])
+    forest.fit(train_x, target)
     timings["fit_s"] = time.monotonic() - phase_started
     phase_started = time.monotonic()
     evaluated = {"validation": (val_x, val_y)}

@@ -37,9 +37,14 @@ def announce_worker(cfg: TrainLoopConfig, rank: int) -> None:
 
 def write_evaluation(cfg: TrainLoopConfig, split: str, labels: np.ndarray, predictions: np.ndarray) -> None:
     """A split's labels and predictions, as ``evaluation/<split>.npz``."""
+    write_split_evaluation(cfg.artifact_dir, split, labels, predictions)
+
+
+def write_split_evaluation(artifact_dir: str, split: str, labels: np.ndarray, predictions: np.ndarray) -> None:
+    """:func:`write_evaluation` into ``artifact_dir``."""
     buffer = io.BytesIO()
     np.savez(buffer, y_true=labels.astype(np.float64), y_pred=predictions.astype(np.float64))
-    artifacts.write_bytes_atomic(artifacts.join(cfg.artifact_dir, EVALUATION_DIR, f"{split}.npz"), buffer.getvalue())
+    artifacts.write_bytes_atomic(artifacts.join(artifact_dir, EVALUATION_DIR, f"{split}.npz"), buffer.getvalue())
 
 
 def write_final(cfg: TrainLoopConfig, final: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ import os
 
 from airflow_ray_ml_stages.device import DeviceChoice, choose_device
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec
-from airflow_ray_ml_stages.train.config import BUDGET_KEYS, FORESTS
+from airflow_ray_ml_stages.train.config import BUDGET_KEYS, ENSEMBLE, FORESTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,12 @@ def plan_training(spec: TrainSpec, train_rows: int, other_rows: int) -> Training
     compute = ComputeSpec.from_dict(spec.compute)
     config = spec.resolved_config()
     family = config["family"]
+    if family == ENSEMBLE:  # assembled from trained models in the job's process: nothing to place
+        reason = "an ensemble of trained models is assembled in the job's process: nothing trains"
+        cpu = ComputeSpec.cpu(f"CPU: {reason}", num_workers=compute.num_workers,
+                              cpus_per_worker=compute.cpus_per_worker, devices=compute.devices,
+                              cluster=compute.cluster, decided_in_s=compute.decided_in_s)
+        return TrainingPlan(cpu, DeviceChoice(False, f"CPU: {reason}"), 0, reason, "direct")
     device = choose_device(compute, family=family, rows=train_rows, features=len(spec.feature_columns),
                            iterations=config[BUDGET_KEYS[family]], accelerator=spec.accelerator)
     if compute.use_gpu and not device.use_gpu:

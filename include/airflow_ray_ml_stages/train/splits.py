@@ -16,7 +16,7 @@ import numpy as np
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 from airflow_ray_ml_stages.metrics import prior_probabilities
-from airflow_ray_ml_stages.preprocessor import Preprocessor, feature_affine
+from airflow_ray_ml_stages.preprocessor import Preprocessor, apply_affine, feature_affine
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 
 SPLITS = ("train", "validation", "test")
@@ -197,8 +197,7 @@ def _map_features(cfg: TrainLoopConfig, x: np.ndarray) -> np.ndarray:
     affine = cfg.feature_affine
     if not affine:
         return x
-    multiply, add = (np.asarray(part, dtype=np.float64) for part in affine)
-    return (x.astype(np.float64) * multiply + add).astype(np.float32)
+    return apply_affine(x, *affine)
 
 
 def scaler_plan(preprocessor_uri: str | None, variants: dict[str, str] | None, scaler: str | None,

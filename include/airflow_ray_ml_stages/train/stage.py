@@ -17,6 +17,7 @@ from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError
 from airflow_ray_ml_stages.specs import TrainResult, TrainSpec
 from airflow_ray_ml_stages.stage import run_stage
+from airflow_ray_ml_stages.train.config import ENSEMBLE
 from airflow_ray_ml_stages.train.contexts import InProcessTrainContext
 from airflow_ray_ml_stages.train.failures import deterministic_errors_fail_once
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
@@ -34,6 +35,10 @@ def run_training(spec: TrainSpec) -> TrainResult:
     started = time.monotonic()
     config = spec.resolved_config()
     family = config["family"]
+    if family == ENSEMBLE:
+        from airflow_ray_ml_stages.train.assemble import run_assembly
+
+        return run_assembly(spec, started)
     columns = [*spec.feature_columns, spec.label_column]
     train_rows, label_mean, label_std, class_priors = label_stats(spec.train_uri, spec.label_column, columns, spec.classes)
     other_rows = sum(ParquetSplit(uri, columns).num_rows for uri in (spec.validation_uri, spec.test_uri))

@@ -1,0 +1,113 @@
+"""Ensembles of trained trials: chosen on the validation split, assembled into one model directory.
+
+After a search, :func:`select_ensemble` runs greedy ensemble selection with replacement (Caruana
+et al., 2004, as AutoGluon's weighted ensemble does): starting from nothing, it adds, round after
+round, the completed trial whose predictions improve the average most on the validation split,
+and keeps the best prefix of those rounds. The weight of a trial is the share of the rounds that
+picked it. Regression averages the predicted values, classification the class probabilities.
+
+The trials' models are kept as they are, never refitted: :func:`assemble` copies each member's
+model directory (model, preprocessor, card) under ``members/<i>/`` of the ensemble's directory,
+whose card (family ``ensemble``) lists the members, their weights and their validation metrics.
+:class:`airflow_ray_ml_stages.models.EnsembleModel` loads it as one model: each member is given
+the features as its own preprocessor scales them (an exact affine map of the ensemble's), so the
+endpoint, batch scoring, the gate and rollback treat it as any other model directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.metrics import task_metrics
+
+MEMBERS_DIR = "members"
+SELECTION_ROUNDS = 25
+"""Rounds of selection by default (TuneSpec's ``ensemble_size``): AutoGluon's default is 25 too."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The trials an ensemble averages, with their weights (shares summing to 1), and its metrics.
+
+    :param weights: ``(trial_id, weight)`` in the order the selection first picked them.
+    :param metrics: the ensemble's validation metrics (the task's, without the ``val_`` prefix).
+    :param rounds: the selection rounds kept (the best prefix).
+    """
+
+    weights: list[tuple[str, float]]
+    metrics: dict[str, float]
+    rounds: int
+
+
+def select_ensemble(labels: np.ndarray, predictions: dict[str, np.ndarray], task: str, metric: str, mode: str,
+                    rounds: int = SELECTION_ROUNDS) -> Selection:
+    """Greedy selection with replacement over ``predictions`` (trial id -> validation predictions).
+
+    :param metric: the metric chosen by (``rmse``, ``log_loss``, ... without the ``val_`` prefix).
+    :param mode: ``min`` or ``max``: its direction.
+    A tie goes to the trial listed first (list them best first). The first round picks the best
+    single trial, so the result is never worse than it on ``metric``; it holds one trial where no
+    average beats that trial.
+    """
+    if not predictions or rounds < 1:
+        raise ValueError("select_ensemble needs at least one trial's predictions and one round")
+    names = list(predictions)
+    stacked = np.stack([np.asarray(predictions[name], dtype=np.float64) for name in names])
+    sign = 1.0 if mode == "min" else -1.0
+    total = np.zeros_like(stacked[0])
+    counts = np.zeros(len(names), dtype=np.int64)
+    best_score, best_counts, best_round, order = np.inf, counts.copy(), 0, []
+    for round_number in range(1, rounds + 1):
+        scores = [sign * task_metrics(task, labels, (total + candidate) / round_number)[metric] for candidate in stacked]
+        chosen = int(np.argmin(scores))  # the first of equal scores
+        total += stacked[chosen]
+        counts[chosen] += 1
+        if names[chosen] not in order:
+            order.append(names[chosen])
+        if scores[chosen] < best_score - 1e-12:
+            best_score, best_counts, best_round = scores[chosen], counts.copy(), round_number
+    averaged = sum(best_counts[index] * stacked[index] for index in range(len(names))) / best_round
+    weights = [(name, float(best_counts[names.index(name)] / best_round)) for name in order
+               if best_counts[names.index(name)]]
+    return Selection(weights, task_metrics(task, labels, averaged), best_round)
+
+
+def _files(uri: str) -> list[str]:
+    from pyarrow import fs as pafs
+
+    filesystem, path = artifacts.resolve(uri)
+    found = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(os.path.basename(info.path) for info in found if info.type == pafs.FileType.File)
+
+
+def assemble(members: list[dict[str, Any]], target: str, preprocessor_uri: str | None) -> list[dict[str, Any]]:
+    """Copy each member's model directory under ``target/members/<i>/`` and the ensemble's preprocessor.
+
+    :param members: the ensemble config's members (``model_dir``, ``weight`` and what the search
+        recorded of each).
+    :param preprocessor_uri: the preprocessor the ensemble's input features are scaled with (the
+        written splits'); each member keeps its own, which may scale differently.
+    :return: the members as the ensemble's card lists them: ``dir`` (relative) instead of ``model_dir``.
+    """
+    from airflow_ray_ml_stages.errors import ArtifactError
+    from airflow_ray_ml_stages.models import PREPROCESSOR
+
+    listed = []
+    for index, member in enumerate(members):
+        source, directory = member["model_dir"], f"{MEMBERS_DIR}/{index}"
+        names = _files(source)
+        if "model_card.json" not in names:
+            raise ArtifactError(f"ensemble member {index} ({source!r}) is not a model directory: it has no "
+                                f"model_card.json (files: {names})")
+        for name in names:
+            artifacts.write_bytes_atomic(artifacts.join(target, directory, name),
+                                         artifacts.read_bytes(artifacts.join(source, name)))
+        listed.append({**{key: value for key, value in member.items() if key != "model_dir"}, "dir": directory})
+    if preprocessor_uri:
+        artifacts.write_bytes_atomic(artifacts.join(target, PREPROCESSOR), artifacts.read_bytes(preprocessor_uri))
+    return listed
