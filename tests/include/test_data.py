@@ -711,3 +711,21 @@ def test_data_stage_error_cuts_each_quoted_value_to_quote_chars(frame, tmp_path,
     message = str(caught.value)
     assert case == "too many classes" or str(tmp_path / file) in message  # named in full: only the data is cut
     assert "..." in message and LONG[:QUOTE_CHARS] not in message and len(message) < 1200, message
+
+
+@pytest.mark.parametrize("file_format", ["csv", "parquet"])
+def test_data_stage_empty_text_in_a_categorical_column_is_missing_never_a_category(tmp_path, file_format):
+    """An empty (or NA) text value is a missing value: nan_policy='fail' names its column, 'drop' drops and counts
+    its rows, and no one-hot column of the empty text (``sex=``) is written."""
+    rng = np.random.default_rng(2)
+    table = pd.DataFrame({"x": rng.normal(size=300), "sex": rng.choice(["f", "m"], size=300), "y": rng.normal(size=300)})
+    table.loc[[3, 50], "sex"] = ""
+    table.loc[80, "sex"] = "NA"
+    path = tmp_path / f"table.{file_format}"
+    table.to_csv(path, index=False) if file_format == "csv" else table.to_parquet(path, index=False)
+    with pytest.raises(DataSourceError, match=r"column 'sex' has 3 NaN, infinite or missing value\(s\)"):
+        _preprocess_here(tmp_path, str(path))
+    result = _preprocess_here(tmp_path, str(path), nan_policy="drop")
+    assert result.rows_dropped == 3 and sum(result.rows.values()) == 297
+    assert result.feature_columns == ["x", "sex=f", "sex=m"]
+    assert json.loads(open(result.profile_uri).read())["dropped_by_column"] == {"sex": 3}

@@ -101,12 +101,20 @@ def dictionary_codes(column) -> tuple[np.ndarray, list]:
     return joined(parts, "int32"), list(position)
 
 
+def text_missing(codes: np.ndarray, values: list) -> np.ndarray:
+    """A text column's codes with the missing tokens (``""``, ``NA``, ...) as missing (-1): empty text
+    is a missing value, as in a numeric column, never a category of its own."""
+    missing = np.array([value is None or str(value).strip() in NULL_TOKENS for value in values] + [True])
+    if not missing[:-1].any():
+        return codes
+    return np.where(missing[codes], -1, codes).astype("int32", copy=False)
+
+
 def text_label(codes: np.ndarray, values: list) -> tuple[np.ndarray, list, np.ndarray]:
-    """A text label's codes and values with the missing tokens (``""``, ``NA``, ...) as missing (-1),
+    """A text label's codes and values with the missing tokens as missing (-1, :func:`text_missing`),
     and its slot in the numeric matrix: 0 where present, NaN where missing, so the missing-value
     checks (``nan_policy``) treat the label like any other column."""
-    missing = np.array([value is None or str(value).strip() in NULL_TOKENS for value in values] + [True])
-    codes = np.where(missing[codes], -1, codes).astype("int32", copy=False)
+    codes = text_missing(codes, values)
     return codes, values, np.where(codes < 0, np.nan, 0.0)
 
 
@@ -168,7 +176,8 @@ class Batch:
         codes, values = {}, {}
         for column in [*ctx.categorical, *([ctx.label] if ctx.label_text else [])]:
             found, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
-            codes[column], values[column] = found, [str(v) for v in uniques]
+            values[column] = [str(v) for v in uniques]
+            codes[column] = text_missing(found, values[column]) if column in ctx.categorical else found
         label_codes = label_values = None
         if ctx.label_text:
             label_codes, label_values, slot = text_label(codes.pop(ctx.label), values.pop(ctx.label))
@@ -240,6 +249,8 @@ class Batch:
                 if not pa.types.is_dictionary(found.type):
                     found = pa.chunked_array([found.combine_chunks().dictionary_encode()])
                 codes[column], values[column] = dictionary_codes(found)
+                if column in ctx.categorical:
+                    codes[column] = text_missing(codes[column], values[column])
             else:  # derived from the file name
                 per_source = [ctx.derived.get(uri, {}).get(column) for uri in sources]
                 distinct = sorted({v for v in per_source if v is not None})
