@@ -22,7 +22,8 @@ def _tune_then_train(dag_id: str) -> DAG:
     with DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False,
              render_template_as_native_obj=True) as dag:
         tune = RayTuneOperator(task_id="tune", data=PREPROCESS, search_space=LIGHTNING_SPACE, runtime_env=RUNTIME_ENV,
-                               num_samples=2, reports_per_trial=1, scheduler="none", poll_interval_s=0.3, retries=0)
+                               num_samples=2, reports_per_trial=1, scheduler="none", poll_interval_s=0.3, retries=0,
+                               ensemble_size=0)  # the best trial, trained again on a Ray Train worker
         RayTrainOperator(task_id="train", data=PREPROCESS, config=tune.output["best_config"], runtime_env=RUNTIME_ENV,
                          num_workers=1, poll_interval_s=0.3, retries=0)
     return dag
