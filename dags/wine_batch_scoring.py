@@ -29,6 +29,7 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow_ray_ml.confine import confine_sources
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_score import RayBatchScoreOperator
+from airflow_ray_ml_stages.specs import SCORE_MISSING_VALUES, ScoreSpec
 from airflow_ray_ml_stages.wine import DEMO_APP
 
 # The same name as the pipeline's deploy outlet (dags/wine_quality_pipeline.py): Airflow matches
@@ -54,6 +55,11 @@ with DAG(
         "serve_app": Param(DEMO_APP, type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
                            description="On a run not started by a promotion: the Serve application whose "
                                        "model scores"),
+        "missing_values": Param(ScoreSpec.missing_values, type="string", enum=list(SCORE_MISSING_VALUES),
+                                title="Missing values",
+                                description="What a row with a missing value gets: impute (as the model was "
+                                            "trained), drop (left out and counted), fail, or model: impute where "
+                                            "the model was trained with nan_policy 'impute', else drop"),
     },
     tags=["ray", "ml", "example"],
     doc_md=__doc__,
@@ -110,6 +116,7 @@ with DAG(
         task_id="score",
         input_uri=chosen,
         model=model,
+        missing_values="{{ params.missing_values }}",
         doc_md="Score the file with Ray Data; predictions are written next to it.",
     )
 

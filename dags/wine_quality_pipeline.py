@@ -53,7 +53,7 @@ from airflow_ray_ml.ray_serve import RayServeDeployOperator
 from airflow_ray_ml.serve_schema import DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
-from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES, SCALERS, TASKS
+from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES, NAN_POLICIES, SCALERS, TASKS
 from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, search_space_json_schema
 from airflow_ray_ml_stages.specs import (
     PLACEMENT_STRATEGIES,
@@ -155,10 +155,13 @@ with DAG(
                               title="Columns to leave out", section="Data cleaning",
                               description="Columns of your files that are not features (ids, free text, a "
                                           "column derived from the label), one per line"),
-        "nan_policy": Param(PreprocessSpec.nan_policy, type="string", enum=["fail", "drop"],
+        "nan_policy": Param(PreprocessSpec.nan_policy, type="string", enum=list(NAN_POLICIES),
                             title="Missing values", section="Data cleaning",
-                            description="fail: a row with a missing, NaN or infinite value fails the run; "
-                                        "drop: such rows are left out and counted"),
+                            description="impute: a feature's missing (empty, NA, NaN or infinite) value becomes "
+                                        "the training split's median or most frequent value, and the served "
+                                        "model imputes the same way; a row without a label is left out and "
+                                        "counted. fail: such a value fails the run. drop: its row is left out "
+                                        "and counted"),
         "max_categories": Param(PreprocessSpec.max_categories, type="integer", minimum=1, maximum=100_000,
                                 title="Most categories", section="Data cleaning",
                                 description="A text column with more distinct training values fails the run "

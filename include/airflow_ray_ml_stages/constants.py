@@ -57,3 +57,13 @@ TASK_METRICS: dict[str, dict[str, str]] = {
 
 DEFAULT_METRIC = {"regression": "rmse", "classification": "log_loss"}
 """The metric a search optimises and the deploy gate compares when none is named."""
+
+# Values pyarrow's CSV reader turns into null in a float column (its default null_values): missing
+# values, not non-numeric ones, in any column (a category's empty text as well).
+NULL_TOKENS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
+                         "1.#QNAN", "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null"})
+
+NAN_POLICIES = ("fail", "drop", "impute")
+"""What the data stage does with a row that has a missing (or NaN, infinite) value: fail the run,
+drop the row (counted), or impute the features from the training split (rows without a label
+are dropped)."""

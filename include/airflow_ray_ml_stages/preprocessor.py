@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from airflow_ray_ml_stages.constants import NULL_TOKENS
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
+from airflow_ray_ml_stages.spec_base import is_number
 
 FORMAT = "rayml.preprocessor/1"
 ONE_HOT_SEPARATOR = "="
@@ -72,6 +74,9 @@ class Moments:
     """Count, mean, sum of squared deviations, min and max of several columns, mergeable.
 
     Merging uses Chan et al.'s pairwise update, which stays accurate where ``sum(x**2)`` would not.
+    ``count`` is the rows counted; where a column has missing values (NaN, kept by
+    ``nan_policy='impute'``) the moments are of each column's present values, and ``present``
+    holds each column's count of them (None: every column has ``count``).
     """
 
     count: int
@@ -79,6 +84,7 @@ class Moments:
     m2: np.ndarray
     minimum: np.ndarray
     maximum: np.ndarray
+    present: np.ndarray | None = None
 
     @classmethod
     def empty(cls, width: int) -> "Moments":
@@ -86,38 +92,77 @@ class Moments:
 
     @classmethod
     def of(cls, values: np.ndarray) -> "Moments":
-        """Moments of a 2-D array (rows x columns) of finite floats."""
+        """Moments of a 2-D array (rows x columns) of floats; NaN is a missing value (see ``present``)."""
         if values.shape[0] == 0:
             return cls.empty(values.shape[1])
-        mean = values.mean(axis=0)
-        return cls(int(values.shape[0]), mean, ((values - mean) ** 2).sum(axis=0),
-                   values.min(axis=0), values.max(axis=0))
+        missing = np.isnan(values)
+        if not missing.any():
+            mean = values.mean(axis=0)
+            return cls(int(values.shape[0]), mean, ((values - mean) ** 2).sum(axis=0),
+                       values.min(axis=0), values.max(axis=0))
+        present = (~missing).sum(axis=0)
+        safe = np.where(missing, 0.0, values)
+        mean = np.divide(safe.sum(axis=0), present, out=np.zeros(values.shape[1]), where=present > 0)
+        m2 = np.where(missing, 0.0, (values - mean) ** 2).sum(axis=0)
+        return cls(int(values.shape[0]), mean, m2, np.where(missing, np.inf, values).min(axis=0),
+                   np.where(missing, -np.inf, values).max(axis=0), present.astype(np.int64))
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Each column's count of present values."""
+        return np.full(self.mean.shape, self.count, dtype=np.int64) if self.present is None else self.present
 
     def merge(self, other: "Moments") -> "Moments":
         if other.count == 0:
             return self
         if self.count == 0:
             return other
-        count = self.count + other.count
+        mine, theirs = self.counts, other.counts
+        count = mine + theirs
         delta = other.mean - self.mean
-        mean = self.mean + delta * (other.count / count)
-        m2 = self.m2 + other.m2 + delta**2 * (self.count * other.count / count)
-        return Moments(count, mean, m2, np.minimum(self.minimum, other.minimum),
-                       np.maximum(self.maximum, other.maximum))
+        share = np.divide(theirs, count, out=np.zeros(count.shape), where=count > 0)
+        mean = self.mean + delta * share
+        cross = np.divide(mine * theirs, count, out=np.zeros(count.shape), where=count > 0)
+        m2 = self.m2 + other.m2 + delta**2 * cross
+        rows = self.count + other.count
+        return Moments(rows, mean, m2, np.minimum(self.minimum, other.minimum),
+                       np.maximum(self.maximum, other.maximum),
+                       None if self.present is None and other.present is None else count)
+
+    def filled(self, values: np.ndarray) -> "Moments":
+        """The moments once each column's missing values are ``values`` (what imputing them gives)."""
+        missing = self.count - self.counts
+        if not missing.any():
+            return Moments(self.count, self.mean, self.m2, self.minimum, self.maximum)
+        block = Moments(self.count, np.asarray(values, dtype="float64"), np.zeros(self.mean.shape),
+                        np.where(missing > 0, values, np.inf), np.where(missing > 0, values, -np.inf), missing)
+        merged = Moments(self.count, self.mean, self.m2, self.minimum, self.maximum, self.counts).merge(block)
+        return Moments(self.count, merged.mean, merged.m2, merged.minimum, merged.maximum)
 
     @property
     def std(self) -> np.ndarray:
         """Population standard deviation (ddof=0), as scikit-learn's and Ray Data's scalers use."""
-        return np.sqrt(self.m2 / self.count) if self.count else np.full(self.mean.shape, np.nan)
+        counts = self.counts
+        return np.sqrt(np.divide(self.m2, counts, out=np.full(self.mean.shape, np.nan), where=counts > 0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(),
+        data = {"count": self.count, "mean": self.mean.tolist(), "m2": self.m2.tolist(),
                 "minimum": self.minimum.tolist(), "maximum": self.maximum.tolist()}
+        if self.present is not None:
+            data["present"] = self.present.tolist()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Moments":
+        present = data.get("present")
         return cls(int(data["count"]), *(np.asarray(data[key], dtype="float64")
-                                         for key in ("mean", "m2", "minimum", "maximum")))
+                                         for key in ("mean", "m2", "minimum", "maximum")),
+                   None if present is None else np.asarray(present, dtype=np.int64))
+
+    def columns(self, width: int) -> "Moments":
+        """The first ``width`` columns."""
+        return Moments(self.count, self.mean[:width], self.m2[:width], self.minimum[:width], self.maximum[:width],
+                       None if self.present is None else self.present[:width])
 
 
 
@@ -138,6 +183,12 @@ class Preprocessor:
     :param boolean_columns: input columns of booleans, each one model input of 1.0 (true) or 0.0
         (false), unscaled, after the numeric columns. A preprocessor saved before booleans were
         told apart has none (such a column is one of its categories) and works as it did.
+    :param fill: ``nan_policy='impute'``: each input column's value for a missing one, fitted on
+        the training split (a numeric or boolean column's median, a category's most frequent
+        value). The transform keeps a missing value (None, NaN, an empty or ``NA`` text) missing:
+        NaN, in every one-hot column of a category, so XGBoost treats it as missing itself; the other
+        families fill it with :meth:`fill_vector` (what imputing the raw value gives). Empty: the
+        data had no missing value to impute (a missing category encodes as all zeros, as an unseen one).
     """
 
     scaler: str
@@ -148,12 +199,14 @@ class Preprocessor:
     task: str = "regression"
     classes: list[Any] | None = None
     boolean_columns: list[str] = field(default_factory=list)
+    fill: dict[str, float | str] = field(default_factory=dict)
 
     @classmethod
     def fit(cls, scaler: str, numeric_columns: list[str], moments: Moments,
             categories: dict[str, list[str]], label_column: str, task: str = "regression",
-            classes: list[Any] | None = None, boolean_columns: list[str] | None = None) -> "Preprocessor":
-        """Build the preprocessor from the training split's moments and categories."""
+            classes: list[Any] | None = None, boolean_columns: list[str] | None = None,
+            fill: dict[str, float | str] | None = None) -> "Preprocessor":
+        """Build the preprocessor from the training split's moments (of the imputed values, with ``fill``) and categories."""
         statistics: dict[str, dict[str, float]] = {}
         if scaler == "standard":
             for index, column in enumerate(numeric_columns):
@@ -162,7 +215,7 @@ class Preprocessor:
             for index, column in enumerate(numeric_columns):
                 statistics[column] = {"min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
         return cls(scaler, list(numeric_columns), {k: list(v) for k, v in categories.items()}, statistics, label_column,
-                   task, None if classes is None else list(classes), list(boolean_columns or []))
+                   task, None if classes is None else list(classes), list(boolean_columns or []), dict(fill or {}))
 
     @property
     def input_columns(self) -> list[str]:
@@ -208,6 +261,10 @@ class Preprocessor:
         categorical = {}
         for column in self.categories:
             codes, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
+            if self.fill:  # an empty or NA text is a missing value, as in training
+                missing = np.array([isinstance(value, str) and value.strip() in NULL_TOKENS for value in uniques]
+                                   + [True])
+                codes = np.where(missing[codes], -1, codes)
             categorical[column] = (codes, list(uniques))
         numeric = np.empty((len(frame), len(self.numeric_columns) + len(self.boolean_columns)), dtype="float64")
         numeric[:, : len(self.numeric_columns)] = frame[self.numeric_columns].to_numpy(dtype="float64")
@@ -240,9 +297,25 @@ class Preprocessor:
             lookup = np.array([position.get(value, -1) if isinstance(value, str) else -1 for value in values] + [-1],
                               dtype="int64")
             index = lookup[codes]
-            matrix[:, start: start + len(trained)] = index[:, None] == np.arange(len(trained))
+            block = matrix[:, start: start + len(trained)]
+            block[:] = index[:, None] == np.arange(len(trained))
+            if self.fill:  # a missing value (code -1) stays missing: NaN in each of its columns
+                block[codes < 0] = np.nan
             start += len(trained)
         return matrix
+
+    def fill_vector(self) -> np.ndarray | None:
+        """Per output column, what a missing value becomes once imputed, in this preprocessor's scaling:
+        the scaled median, the boolean's median, 1.0 in the most frequent category's one-hot column
+        and 0.0 in the others. None where it imputes nothing."""
+        if not self.fill:
+            return None
+        shift, scale = self._scale_arrays()
+        numbers = (np.array([self.fill[column] for column in self.numeric_columns], dtype="float64") - shift) / scale
+        booleans = [float(self.fill[column]) for column in self.boolean_columns]
+        one_hot = [1.0 if self.fill[column] == value else 0.0 for column, values in self.categories.items()
+                   for value in values]
+        return np.concatenate([numbers, booleans, one_hot]).astype("float64")
 
     def to_dict(self) -> dict[str, Any]:
         data = {"format": FORMAT, "scaler": self.scaler, "numeric_columns": self.numeric_columns,
@@ -252,6 +325,8 @@ class Preprocessor:
             data["classes"] = self.classes
         if self.boolean_columns:  # absent otherwise: such a file reads as it did before booleans
             data["boolean_columns"] = self.boolean_columns
+        if self.fill:  # absent otherwise: missing values are not imputed
+            data["fill"] = self.fill
         return data
 
     def to_json(self) -> str:
@@ -274,7 +349,14 @@ class Preprocessor:
         preprocessor = cls(data["scaler"], list(data["numeric_columns"]), categories,
                            {k: {s: float(x) for s, x in v.items()} for k, v in data["statistics"].items()},
                            data.get("label_column", ""), data.get("task", "regression"), data.get("classes"),
-                           list(data.get("boolean_columns", [])))
+                           list(data.get("boolean_columns", [])), dict(data.get("fill") or {}))
+        unknown = sorted(set(preprocessor.fill) - set(preprocessor.input_columns))
+        wrong = [column for column, value in preprocessor.fill.items() if column in preprocessor.categories
+                 and value not in preprocessor.categories[column] or column not in preprocessor.categories
+                 and not is_number(value)]
+        if unknown or wrong:
+            raise SpecError(f"preprocessor JSON is inconsistent: fill names column(s) {unknown} it does not have, or "
+                            f"gives {wrong} a value that is not a number or not one of the column's categories")
         if (preprocessor.task == "classification") != isinstance(preprocessor.classes, list):
             raise SpecError(f"preprocessor JSON is inconsistent: task {preprocessor.task!r} with classes "
                             f"{preprocessor.classes!r} (a classification preprocessor lists its classes, only it)")
@@ -365,6 +447,36 @@ def raw_split_rows(split_uri: str, preprocessor: Preprocessor,
     frame = (table if limit is None else table.slice(0, limit)).to_pandas()
     labels = frame[preprocessor.label_column].tolist()
     return inverse_transform(preprocessor, frame).to_dict(orient="records"), labels
+
+
+def feature_fill(preprocessor_uri: str | None, feature_columns: list[str]) -> list[float] | None:
+    """The preprocessor's :meth:`Preprocessor.fill_vector` in ``feature_columns`` order, None where it
+    imputes nothing, or there is no preprocessor in :data:`FORMAT` (splits made elsewhere: nothing to
+    impute from, as :func:`input_types_of` reads such a file)."""
+    if not preprocessor_uri:
+        return None
+    try:
+        preprocessor = Preprocessor.load(preprocessor_uri)
+    except (SpecError, KeyError, TypeError, AttributeError, ValueError):
+        return None
+    values = preprocessor.fill_vector()
+    if values is None:
+        return None
+    by_name = dict(zip(preprocessor.output_columns, values.tolist()))
+    missing = [column for column in feature_columns if column not in by_name]
+    if missing:
+        raise SpecError(f"feature_columns {missing} are not the preprocessor's output columns")
+    return [by_name[column] for column in feature_columns]
+
+
+def fill_missing(features: np.ndarray, fill: np.ndarray | list[float] | None) -> np.ndarray:
+    """``features`` with each NaN replaced by its column's ``fill`` (the same array where none is missing)."""
+    if fill is None:
+        return features
+    missing = np.isnan(features)
+    if not missing.any():
+        return features
+    return np.where(missing, np.asarray(fill, dtype=features.dtype), features).astype(features.dtype, copy=False)
 
 
 def apply_affine(features: np.ndarray, multiply, add) -> np.ndarray:

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.errors import DataSourceError, quotable
+from airflow_ray_ml_stages.constants import NULL_TOKENS
+from airflow_ray_ml_stages.errors import DataSourceError, SpecError, quotable
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.preprocessor import boolean_numbers
 from airflow_ray_ml_stages.specs import ScoreResult, ScoreSpec
@@ -115,12 +116,13 @@ class BatchScorer:
     """Loads the model directory once, then scores pandas batches: a Ray Data actor (engine
     ``ray_data``) or an object in the job's driver (``direct``)."""
 
-    def __init__(self, model_dir: str, prediction_column: str, colour_by_path: bool) -> None:
+    def __init__(self, model_dir: str, prediction_column: str, colour_by_path: bool, missing_values: str) -> None:
         from airflow_ray_ml_stages.serve import LoadedModel
 
         self.model = LoadedModel.load(model_dir)
         self.prediction_column = prediction_column
         self.colour_by_path = colour_by_path
+        self.missing_values = missing_values  # impute, drop or fail (see missing_values_of)
 
     def _fail(self, message: str) -> None:
         raise DataSourceError(_ERROR_MARK + message)
@@ -137,28 +139,46 @@ class BatchScorer:
             batch.insert(0, TYPE_COLUMN, colours)
         columns = self.model.input_columns
         frame = batch.loc[:, columns].copy()
+        missing = np.zeros(len(frame), dtype=bool)  # rows with a missing value
+        fix = ("fix or drop those rows" if self.missing_values == "fail" else
+               "fix them")
         for column in self.model.preprocessor.numeric_columns:
-            values = pd.to_numeric(frame[column], errors="coerce")
-            bad = ~np.isfinite(values.to_numpy(dtype="float64", na_value=np.nan))
+            values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+            absent = _absent(frame[column]) | np.isinf(values)
+            bad = np.isnan(values) & ~absent
+            if self.missing_values == "fail":
+                bad |= absent
             if bad.any():
                 sample = quotable(batch.loc[bad, columns].head(SAMPLE_ROWS).to_dict(orient="records"))
-                self._fail(f"column {column!r} has {int(bad.sum())} non-numeric, missing or infinite value(s) "
-                           f"in this batch, e.g. rows {sample}; fix or drop those rows")
-            frame[column] = values
+                what = "non-numeric, missing or infinite" if self.missing_values == "fail" else "non-numeric"
+                self._fail(f"column {column!r} has {int(bad.sum())} {what} value(s) in this batch, e.g. rows "
+                           f"{sample}; {fix}")
+            missing |= absent
+            frame[column] = np.where(absent, np.nan, values)
         for column in self.model.preprocessor.boolean_columns:
             numbers, _ = boolean_numbers(frame[column].to_numpy(dtype=object))
-            bad = np.isnan(numbers)
+            absent = _absent(frame[column])
+            bad = np.isnan(numbers) & (~absent | (self.missing_values == "fail"))
             if bad.any():
                 sample = batch.loc[bad, columns].head(SAMPLE_ROWS).to_dict(orient="records")
-                self._fail(f"column {column!r} holds booleans but has {int(bad.sum())} missing or other value(s) in "
-                           f"this batch, e.g. rows {sample}; give true/false (or yes/no) in every row")
-            frame[column] = numbers.astype(bool)
+                self._fail(f"column {column!r} holds booleans but has {int(bad.sum())} "
+                           f"{'missing or other' if self.missing_values == 'fail' else 'other'} value(s) in this "
+                           f"batch, e.g. rows {sample}; give true/false (or yes/no) in every row")
+            missing |= absent
+            frame[column] = np.where(absent, None, numbers.astype(bool))
         for column, allowed in self.model.preprocessor.categories.items():
-            bad = ~frame[column].isin(allowed)
+            absent = _absent(frame[column])
+            bad = ~frame[column].isin(allowed) & (~absent | (self.missing_values == "fail"))
             if bad.any():
                 seen = quotable(sorted({str(v) for v in frame.loc[bad, column].head(20)}))
                 self._fail(f"column {column!r} has value(s) {seen} the model was not trained on; allowed: {allowed}")
+            missing |= absent
+            frame[column] = frame[column].where(~absent, None)
         out = batch.copy()
+        if self.missing_values == "drop" and missing.any():
+            frame, out = frame[~missing], out[~missing]
+            if frame.empty:
+                return out.assign(**{name: pd.Series(dtype="float64") for name in self._added()})
         predicted = self.model.predict_frame(frame)
         classes = self.model.card.classes
         if classes is None:
@@ -168,6 +188,30 @@ class BatchScorer:
         for index, column in enumerate(probability_columns(classes)):
             out[column] = predicted[:, index]
         return out
+
+
+    def _added(self) -> list[str]:
+        classes = self.model.card.classes
+        return [self.prediction_column, *(probability_columns(classes) if classes is not None else [])]
+
+
+def _absent(values) -> np.ndarray:
+    """Where a column of raw values misses one: null, NaN, or an empty or ``NA`` text."""
+    found = values.to_numpy(dtype=object)
+    return np.array([value is None or (isinstance(value, float) and np.isnan(value))
+                     or (isinstance(value, str) and value.strip() in NULL_TOKENS) for value in found], dtype=bool)
+
+
+def missing_values_of(asked: str, fill: dict) -> str:
+    """What missing values get (``impute``, ``drop`` or ``fail``) for the spec's setting and the model's
+    imputation (its preprocessor's ``fill``); SpecError where ``impute`` is asked of a model that cannot."""
+    if asked == "model":
+        return "impute" if fill else "drop"
+    if asked == "impute" and not fill:
+        raise SpecError("missing_values='impute', but the model was trained without imputing (its preprocessor "
+                        "has no fill values: nan_policy was not 'impute'); use 'drop' or 'fail', or retrain "
+                        "with nan_policy='impute'")
+    return asked
 
 
 def probability_columns(classes: list) -> list[str]:
@@ -184,7 +228,7 @@ def _user_error(err: Exception) -> str | None:
 
 
 def _score_direct(files: list[str], output_format: str, delimiter: str | None, scorer: BatchScorer,
-                  target: str, batch_size: int) -> None:
+                  target: str, batch_size: int) -> int:
     """Score each file in this process into a file of its own under ``target``: the rows read as
     Ray Data's readers read them (pyarrow, the whole file), the model called ``batch_size`` rows at a
     time, the output written as Ray Data writes it."""
@@ -193,6 +237,7 @@ def _score_direct(files: list[str], output_format: str, delimiter: str | None, s
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
+    rows_read = 0
     for index, uri in enumerate(files):
         filesystem, path = artifacts.resolve(uri)
         if output_format == "parquet":
@@ -201,6 +246,7 @@ def _score_direct(files: list[str], output_format: str, delimiter: str | None, s
         else:
             with filesystem.open_input_stream(path) as stream:
                 table = pacsv.read_csv(stream, parse_options=pacsv.ParseOptions(delimiter=delimiter))
+        rows_read += table.num_rows
         if not table.num_rows:
             continue
         batches = []
@@ -217,10 +263,12 @@ def _score_direct(files: list[str], output_format: str, delimiter: str | None, s
             pacsv.write_csv(scored, sink)
         artifacts.write_bytes_atomic(artifacts.join(target, f"part-{index:05d}.{output_format}"),
                                      sink.getvalue().to_pybytes())
+    return rows_read
 
 
 def _score_on_ray_data(files: list[str], output_format: str, delimiter: str | None, colour_by_path: bool,
-                       spec: ScoreSpec, prediction_column: str, target: str) -> None:
+                       spec: ScoreSpec, prediction_column: str, target: str, missing_values: str) -> int | None:
+    """Score on Ray Data actors; the rows read where ``drop`` may leave some out (else None: as many as written)."""
     import pyarrow.csv as pacsv
     import ray
     import ray.data
@@ -242,8 +290,9 @@ def _score_on_ray_data(files: list[str], output_format: str, delimiter: str | No
         )
     if colour_by_path:
         dataset = dataset.rename_columns({"path": PATH_COLUMN})
+    rows_read = dataset.count() if missing_values == "drop" else None
     scored = dataset.map_batches(
-        BatchScorer, fn_constructor_args=(spec.model_dir, prediction_column, colour_by_path),
+        BatchScorer, fn_constructor_args=(spec.model_dir, prediction_column, colour_by_path, missing_values),
         batch_format="pandas", batch_size=spec.batch_size, concurrency=spec.concurrency,
         num_cpus=spec.cpus_per_actor,
     )
@@ -251,6 +300,7 @@ def _score_on_ray_data(files: list[str], output_format: str, delimiter: str | No
         scored.write_parquet(target, ray_remote_args=io_args)
     else:
         scored.write_csv(target, ray_remote_args=io_args)
+    return rows_read
 
 
 def _summary(output_uri: str, output_format: str, column: str, classification: bool) -> tuple[int, dict[str, float]]:
@@ -300,6 +350,7 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     output_format = _format_of(files)
     names, delimiter = _columns(files, output_format)
     preprocessor = Preprocessor.load(artifacts.join(spec.model_dir, "preprocessor.json"))
+    missing_values = missing_values_of(spec.missing_values, preprocessor.fill)
     needed = list(preprocessor.input_columns)
     colour_by_path = (TYPE_COLUMN in needed and TYPE_COLUMN not in names
                       and all(colour_from_name(f) for f in files))
@@ -330,10 +381,11 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
         if engine == "direct":
             if local:
                 os.makedirs(target)
-            scorer = BatchScorer(spec.model_dir, prediction_column, colour_by_path)
-            _score_direct(files, output_format, delimiter, scorer, target, spec.batch_size)
+            scorer = BatchScorer(spec.model_dir, prediction_column, colour_by_path, missing_values)
+            rows_read = _score_direct(files, output_format, delimiter, scorer, target, spec.batch_size)
         else:
-            _score_on_ray_data(files, output_format, delimiter, colour_by_path, spec, prediction_column, target)
+            rows_read = _score_on_ray_data(files, output_format, delimiter, colour_by_path, spec, prediction_column,
+                                           target, missing_values)
     except Exception as err:
         if local:
             shutil.rmtree(target, ignore_errors=True)
@@ -344,10 +396,13 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     if local:
         os.rename(target, final_path)
     rows, summary = _summary(output_uri, output_format, prediction_column, card.classes is not None)
-    log.info("wrote %d prediction(s) to %s: %s", rows, output_uri, summary)
+    dropped = 0 if rows_read is None else rows_read - rows
+    log.info("wrote %d prediction(s) to %s: %s; missing values: %s%s", rows, output_uri, summary, missing_values,
+             f" ({dropped} row(s) with a missing value left out)" if dropped else "")
     return ScoreResult(output_uri=output_uri, output_format=output_format, rows=rows,
                        prediction_column=prediction_column, model_dir=spec.model_dir, model_version=version,
-                       input_uri=spec.input_uri, predictions=summary, engine=engine, engine_reason=why)
+                       input_uri=spec.input_uri, predictions=summary, engine=engine, engine_reason=why,
+                       missing_values=missing_values, rows_dropped=dropped)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,8 +85,10 @@ def read_json_body(body: bytes, content_type: str) -> tuple[Any, list[dict[str, 
         return None, [problem(["body"], f"not valid JSON: {str(err)[:200]}", "json_invalid")]
 
 
-def _as_float(number: int | float) -> float:
-    """A JSON number as a float; an integer beyond float64's range (JSON has none) as an infinity."""
+def _as_float(number: int | float | None) -> float:
+    """A JSON number as a float; an integer beyond float64's range (JSON has none) as an infinity; null as NaN."""
+    if number is None:
+        return math.nan
     try:
         return float(number)
     except OverflowError:
@@ -195,15 +197,22 @@ class LoadedModel:
     @cached_property
     def request_schema(self) -> dict[str, Any]:
         """JSON Schema (2020-12) of a ``/predict`` body: the one that bodies are checked against."""
+        # a model trained with nan_policy='impute' takes null for a missing value and imputes it as trained
+        fill = self.preprocessor.fill
+        nullable = " (null: missing, imputed as in training)" if fill else ""
         features: dict[str, Any] = {
-            column: {"type": "number", "description": "a number (the model computes in float32: one beyond "
-                                                     "its range counts as the largest float32)"}
+            column: {"type": ["number", "null"] if column in fill else "number",
+                     "description": "a number (the model computes in float32: one beyond its range counts as the "
+                                    f"largest float32){nullable}"}
             for column in self.preprocessor.numeric_columns
         }
         for column in self.preprocessor.boolean_columns:
-            features[column] = {"type": "boolean", "description": "true or false"}
+            features[column] = {"type": ["boolean", "null"] if column in fill else "boolean",
+                                "description": f"true or false{nullable}"}
         for column, values in self.preprocessor.categories.items():
-            features[column] = {"type": "string", "enum": list(values), "description": "a category seen in training"}
+            features[column] = {"type": ["string", "null"] if column in fill else "string",
+                                "enum": [*values, *([None] if column in fill else [])],
+                                "description": f"a category seen in training{nullable}"}
         row = {"title": "Row", "type": "object", "properties": features, "required": self.input_columns,
                "additionalProperties": False, "description": "one row: every input column, by name"}
         return {
@@ -354,19 +363,25 @@ class LoadedModel:
                                             "unknown field; the body has only 'instances'", "extra_forbidden"))
             elif keyword == "enum":
                 problems.append(problem(where, f"must be one of {expected}, got {_short.repr(value)}", "enum"))
-            elif keyword == "type" and expected == "number":
-                problems.append(problem(where, f"must be a number, got {_short.repr(value)}", "number_type"))
-            elif keyword == "type" and expected == "boolean":
-                problems.append(problem(where, f"must be true or false (a JSON boolean), got {_short.repr(value)}",
+            elif keyword == "type" and expected in ("number", ["number", "null"]):
+                problems.append(problem(where, f"must be a number{' or null' if expected != 'number' else ''}, got "
+                                        f"{_short.repr(value)}", "number_type"))
+            elif keyword == "type" and expected in ("boolean", ["boolean", "null"]):
+                problems.append(problem(where, f"must be true or false (a JSON boolean)"
+                                        f"{' or null' if expected != 'boolean' else ''}, got {_short.repr(value)}",
                                         "bool_type"))
             elif keyword == "type" and in_row:
                 problems.append(problem(where, f"a row must be an object of feature: value with every input column "
                                         f"{columns} (rows as lists are not accepted), got {_short.repr(value)}",
                                         "dict_type"))
             elif keyword == "type":
-                what = {"object": 'an object: {"instances": [...]}', "array": "a list of rows"}.get(expected, expected)
-                problems.append(problem(where, f"must be {what}, got {_short.repr(value)}",
-                                        _TYPE_KINDS.get(expected, "type")))
+                if isinstance(expected, list):  # a nullable feature: ["string", "null"]
+                    what, kind = " or ".join(expected), _TYPE_KINDS.get(expected[0], "type")
+                else:
+                    what = {"object": 'an object: {"instances": [...]}', "array": "a list of rows"}.get(expected,
+                                                                                                      expected)
+                    kind = _TYPE_KINDS.get(expected, "type")
+                problems.append(problem(where, f"must be {what}, got {_short.repr(value)}", kind))
             elif keyword == "minItems":
                 problems.append(problem(where, "send at least one row", "too_short"))
             elif keyword == "maxItems":

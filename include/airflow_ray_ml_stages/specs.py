@@ -14,7 +14,8 @@ import dataclasses
 import re
 from typing import Any, ClassVar
 
-from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES, DEFAULT_METRIC, SCALERS, TASK_METRICS, TASKS, task_of
+from airflow_ray_ml_stages.constants import (ACCELERATOR_CHOICES, DEFAULT_METRIC, NAN_POLICIES, SCALERS,
+                                            TASK_METRICS, TASKS, task_of)
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.spec_base import (
     JsonDataclass, is_number, require_choice, require_int_range, require_non_empty, require_positive,
@@ -160,7 +161,6 @@ class ProbeSpec(StageSpec):
         require_int_range("ProbeSpec", "max_workers", self.max_workers, 1)
 
 
-NAN_POLICIES = ("fail", "drop")
 DELIMITERS = ("auto", ",", ";", "\t")
 FILE_FORMATS = ("auto", "csv", "parquet")
 ENGINES = ("auto", "direct", "ray_data")
@@ -217,7 +217,10 @@ class PreprocessSpec(StageSpec):
     :param seed: the split seed: a row's split is a seeded hash of its content; every seed splits every
         table differently, and seed 0 is pandas' row hash unchanged.
     :param scaler: ``standard`` (mean, population std), ``minmax`` or ``none``.
-    :param nan_policy: ``fail`` on NaN/infinite/missing values, or ``drop`` those rows and count them.
+    :param nan_policy: what a NaN, infinite or missing value (empty or ``NA`` text too) gets: ``impute``
+        (a feature's becomes the training split's median, or most frequent category, saved in the
+        preprocessor so serving and scoring impute alike; a row without a label is dropped and
+        counted), ``drop`` (its row is left out and counted) or ``fail`` (the run fails naming it).
     :param label_range: ``[low, high]``: labels outside it are an error; None: no check.
     :param delimiter: CSV delimiter, ``auto`` to detect it from each file's header.
     :param file_format: ``auto`` (Parquet by suffix ``.parquet``/``.pq``, CSV otherwise), ``csv``
@@ -243,7 +246,7 @@ class PreprocessSpec(StageSpec):
     split: list[float] = dataclasses.field(default_factory=lambda: [0.7, 0.15, 0.15])
     seed: int = 0
     scaler: str = "standard"
-    nan_policy: str = "fail"
+    nan_policy: str = "impute"
     label_range: list[float] | None = None
     delimiter: str = "auto"
     file_format: str = "auto"
@@ -575,6 +578,9 @@ class TrainResult(JsonDataclass):
     classes: list[Any] | None = None
 
 
+SCORE_MISSING_VALUES = ("model", "impute", "drop", "fail")
+
+
 @dataclasses.dataclass
 class ScoreSpec(StageSpec):
     """Spec of the ``score`` stage: batch predictions for a file of new rows with a trained model.
@@ -593,6 +599,10 @@ class ScoreSpec(StageSpec):
         or ``auto``: direct when the input is at most ``direct_max_bytes``, Ray Data otherwise.
         The output does not depend on it.
     :param direct_max_bytes: input size up to which ``auto`` scores in the driver without Ray Data's start-up.
+    :param missing_values: what a row with a missing value (empty, ``NA``, null, NaN or infinite) gets:
+        ``impute`` (as the model was trained: the training split's median or most frequent value;
+        only for a model trained with ``nan_policy='impute'``), ``drop`` (left out of the output,
+        counted in ``rows_dropped``), ``fail``, or ``model``: ``impute`` where the model imputes, else ``drop``.
     """
 
     stage: ClassVar[str] = "score"
@@ -605,9 +615,11 @@ class ScoreSpec(StageSpec):
     cpus_per_actor: float = 0.5
     engine: str = "auto"
     direct_max_bytes: int = DIRECT_MAX_BYTES
+    missing_values: str = "model"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        require_choice("ScoreSpec", "missing_values", self.missing_values, SCORE_MISSING_VALUES)
         require_non_empty("ScoreSpec", "input_uri", self.input_uri)
         require_non_empty("ScoreSpec", "model_dir", self.model_dir)
         if self.output_uri is not None:
@@ -625,7 +637,8 @@ class ScoreSpec(StageSpec):
 class ScoreResult(JsonDataclass):
     """What the ``score`` stage wrote: the predictions' location, row count and a summary of them
     (``predictions``: mean, min and max for regression; the count of each class for classification),
-    and which engine scored it (``engine``, ``engine_reason``)."""
+    which engine scored it (``engine``, ``engine_reason``), and what missing values got
+    (``missing_values``: ``impute``, ``drop`` or ``fail``; ``rows_dropped``: rows left out for them)."""
 
     output_uri: str
     output_format: str
@@ -637,6 +650,8 @@ class ScoreResult(JsonDataclass):
     predictions: dict[str, float]
     engine: str
     engine_reason: str
+    missing_values: str = "fail"
+    rows_dropped: int = 0
 
 
 SEARCHERS = ("random", "optuna")

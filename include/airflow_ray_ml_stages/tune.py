@@ -45,7 +45,7 @@ from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR
-from airflow_ray_ml_stages.preprocessor import input_types_of
+from airflow_ray_ml_stages.preprocessor import feature_fill, input_types_of
 from airflow_ray_ml_stages.probe import cpu_headroom
 from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
@@ -97,6 +97,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
         threads=base["threads"], checkpoint_every=max(1, math.ceil(budget / base["reports_per_trial"])),
         artifact_dir=directory, model_dir=artifacts.join(directory, "model"),
         feature_affine=scaling["affine"], uris=base["uris"], data_loading="direct", session="tune",
+        feature_fill=None if family == "xgboost" else base["feature_fill"],  # XGBoost takes NaN as missing
     )
     TRAIN_LOOPS[family](cfg)
     labels, predictions = read_validation(directory)
@@ -449,6 +450,7 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
         "reports_per_trial": spec.reports_per_trial, "scalers": scalers, "preprocessor_uri": spec.preprocessor_uri,
         "uris": {"train": spec.train_uri, "validation": spec.validation_uri},
         "data_fingerprint": spec.data_fingerprint,
+        "feature_fill": feature_fill(spec.preprocessor_uri, list(spec.feature_columns)),
     }
     name = run_name(spec.artifact_dir)
     log.info("tuning: %d sample(s), searcher %s, scheduler %s, %s per trial, at most %s at once, %d training rows; "

@@ -59,7 +59,7 @@ def test_params_data_cleaning_reaches_the_preprocess_spec_as_typed_values(build)
     assert built["preprocess"]["drop_columns"] == ["name", "player id"]
     assert built["preprocess"]["nan_policy"] == "drop" and built["preprocess"]["max_categories"] == 400
     default = build()["preprocess"]
-    assert default["drop_columns"] == [] and default["nan_policy"] == "fail" and default["max_categories"] == 100
+    assert default["drop_columns"] == [] and default["nan_policy"] == "impute" and default["max_categories"] == 100
 
 
 def test_params_classification_with_a_threshold_reaches_the_preprocess_spec(build):

@@ -329,8 +329,8 @@ def _write_inputs(folder, frame: pd.DataFrame) -> dict[str, list[str]]:
 VALIDATION_CASES = {
     # name: (file, extra spec fields, what the error must say, its sample)
     "non_numeric": ("non_numeric.csv", {}, "'alcohol' must be numeric", "twelve"),
-    "nan": ("nan.csv", {}, "'pH' has 2 NaN, infinite or missing", "nan_policy='drop'"),
-    "inf": ("inf.csv", {}, "'density' has 1 NaN, infinite or missing", '"density": "inf"'),
+    "nan": ("nan.csv", {"nan_policy": "fail"}, "'pH' has 2 NaN, infinite or missing", "nan_policy='impute'"),
+    "inf": ("inf.csv", {"nan_policy": "fail"}, "'density' has 1 NaN, infinite or missing", '"density": "inf"'),
     "label_range": ("label_range.csv", {"label_range": [0, 10]}, "outside label_range [0, 10]", '"quality": 42'),
     "empty": ("empty.csv", {}, "is empty", None),
     "header_only": ("header_only.csv", {}, "but no data rows", None),
@@ -724,7 +724,7 @@ def test_data_stage_empty_text_in_a_categorical_column_is_missing_never_a_catego
     path = tmp_path / f"table.{file_format}"
     table.to_csv(path, index=False) if file_format == "csv" else table.to_parquet(path, index=False)
     with pytest.raises(DataSourceError, match=r"column 'sex' has 3 NaN, infinite or missing value\(s\)"):
-        _preprocess_here(tmp_path, str(path))
+        _preprocess_here(tmp_path, str(path), nan_policy="fail")
     result = _preprocess_here(tmp_path, str(path), nan_policy="drop")
     assert result.rows_dropped == 3 and sum(result.rows.values()) == 297
     assert result.feature_columns == ["x", "sex=f", "sex=m"]

@@ -154,7 +154,10 @@ def test_classification_missing_text_labels_follow_nan_policy(tmp_path):
     frame.loc[9, "outcome"] = "NA"
     frame.to_csv(tmp_path / "gaps.csv", index=False)
     with pytest.raises(DataSourceError, match=r"column 'outcome' has 3 NaN, infinite or missing value\(s\)"):
-        run_preprocess(_spec(tmp_path, "fail", tmp_path / "gaps.csv", label_column="outcome"))
+        run_preprocess(_spec(tmp_path, "fail", tmp_path / "gaps.csv", label_column="outcome", nan_policy="fail"))
+    # a label cannot be imputed: with the default (impute) the rows without one are dropped and counted
+    imputed = run_preprocess(_spec(tmp_path, "impute", tmp_path / "gaps.csv", label_column="outcome"))
+    assert imputed.rows_dropped == 3
     result = run_preprocess(_spec(tmp_path, "drop", tmp_path / "gaps.csv", label_column="outcome", nan_policy="drop"))
     assert result.rows_dropped == 3 and result.classes == TEXT_CLASSES
 

@@ -84,8 +84,9 @@ def write_flag_model_dir(directory: Path, saved_before_booleans: bool = False) -
         raw["flag"] = raw["flag"].map({True: "True", False: "False"})
     else:
         raw.assign(y=labels).to_csv(directory / "table.csv", index=False)  # the flag as True/False words
+        # nan_policy 'fail': a model that imputes nothing, whose requests take no null (test_impute.py has one that does)
         result = run_preprocess(PreprocessSpec(source=[str(directory / "table.csv")], label_column="y",
-                                               artifact_dir=str(directory / "data")))
+                                               artifact_dir=str(directory / "data"), nan_policy="fail"))
         preprocessor = Preprocessor.load(result.preprocessor_uri)
     features = preprocessor.transform(raw)[preprocessor.output_columns]
     matrix = xgboost.DMatrix(features.to_numpy(dtype="float32"), label=labels,

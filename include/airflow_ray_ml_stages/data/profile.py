@@ -21,7 +21,7 @@ from airflow_ray_ml_stages.data.labels import class_summary, empty_class_summary
 from airflow_ray_ml_stages.data.schema import ColumnPlan
 from airflow_ray_ml_stages.data.sources import SourceLayout
 from airflow_ray_ml_stages.data.split import SPLITS, bins_of_hashes
-from airflow_ray_ml_stages.data.validation import clean_batch, merge_finding
+from airflow_ray_ml_stages.data.validation import clean_batch, imputed_findings, merge_finding
 from airflow_ray_ml_stages.preprocessor import Moments
 from airflow_ray_ml_stages.specs import PreprocessSpec
 
@@ -58,6 +58,7 @@ def summarise_and_split(batch: Batch, ctx: BatchContext) -> tuple[dict[str, Any]
     summary: dict[str, Any] = {
         "rows": len(batch), "kept": int(keep.sum()), "non_numeric": batch.non_numeric,
         "non_finite": non_finite, "label_out_of_range": out_of_range, "label_integral": integral, "splits": {},
+        "imputed": imputed_findings(batch, keep, ctx),
     }
     codes = {column: batch.codes[column][keep] for column in ctx.categorical}
     class_index = None
@@ -79,6 +80,29 @@ def _empty_split(width: int) -> dict[str, Any]:
     return {"rows": 0, "moments": Moments.empty(width).to_dict(), "categories": {}, "labels": {}}
 
 
+SAMPLE_VALUES = 100_000
+"""``nan_policy='impute'``: the most training values per column kept to take the median of (it is
+exact up to this many training rows, else the median of a seeded uniform sample of them)."""
+
+
+def _sample(values: np.ndarray, seed: int) -> np.ndarray:
+    """At most :data:`SAMPLE_VALUES` of ``values``, a seeded uniform choice where there are more."""
+    if len(values) <= SAMPLE_VALUES:
+        return values
+    return np.random.default_rng(seed).choice(values, SAMPLE_VALUES, replace=False)
+
+
+def train_samples(part: np.ndarray, ctx: BatchContext) -> list[list[float]]:
+    """Per numeric and boolean column, the present values of a batch's training rows (a sample past
+    :data:`SAMPLE_VALUES`): what the imputed medians are taken from."""
+    return [_sample(part[~np.isnan(part[:, index]), index], ctx.seed).tolist() for index in range(len(ctx.numeric))]
+
+
+def medians(samples: list[list[float]]) -> list[float | None]:
+    """Each column's median of its sampled training values; None where the training split has none."""
+    return [float(np.median(values)) if len(values) else None for values in samples]
+
+
 def split_summaries(numeric: np.ndarray, codes: dict[str, np.ndarray], values: dict[str, list], splits: np.ndarray,
                     class_index: np.ndarray | None, ctx: BatchContext) -> dict[str, dict[str, Any]]:
     """Per split: rows, moments, category counts and label counts of kept rows in canonical arrays.
@@ -94,7 +118,8 @@ def split_summaries(numeric: np.ndarray, codes: dict[str, np.ndarray], values: d
         part = take_rows(numeric, mask)
         categories = {}
         for column in ctx.categorical:
-            counts = np.bincount(codes[column][mask], minlength=len(values[column]))
+            found = codes[column][mask]
+            counts = np.bincount(found[found >= 0], minlength=len(values[column]))  # -1: missing (imputed)
             categories[column] = {str(values[column][i]): int(counts[i]) for i in np.flatnonzero(counts)}
         labels = {}
         if class_index is not None:
@@ -105,6 +130,8 @@ def split_summaries(numeric: np.ndarray, codes: dict[str, np.ndarray], values: d
             labels = {label_key(k): int(v) for k, v in zip(found, counts)}
         out[name] = {"rows": int(mask.sum()), "moments": Moments.of(part).to_dict(),
                      "categories": categories, "labels": labels}
+        if name == "train" and ctx.nan_policy == "impute":
+            out[name]["samples"] = train_samples(part, ctx)
     return out
 
 
@@ -121,13 +148,15 @@ def merge_summaries(summaries: Iterable[dict[str, Any]], width: int, max_classes
     """
     total: dict[str, Any] = {
         "rows": 0, "kept": 0, "non_numeric": {}, "non_finite": {}, "label_out_of_range": {}, "label_integral": True,
-        "splits": _empty_splits(width), "classes": empty_class_summary(),
+        "splits": _empty_splits(width), "classes": empty_class_summary(), "imputed": {},
     }
     for summary in summaries:
         total["rows"] += summary["rows"]
         total["kept"] += summary["kept"]
         for key in ("non_numeric", "non_finite", "label_out_of_range"):
             merge_finding(total[key], summary[key])
+        for column, count in summary.get("imputed", {}).items():
+            total["imputed"][column] = total["imputed"].get(column, 0) + count
         total["label_integral"] &= summary["label_integral"]
         if "classes" in summary:
             merge_class_summaries(total["classes"], summary["classes"], max_classes)
@@ -150,6 +179,10 @@ def _merge_splits(total: dict[str, dict[str, Any]], summary: dict[str, dict[str,
                 target[value] = target.get(value, 0) + count
         for value, count in part["labels"].items():
             into["labels"][value] = into["labels"].get(value, 0) + count
+        if "samples" in part:
+            found = into.setdefault("samples", [[] for _ in part["samples"]])
+            for index, values in enumerate(part["samples"]):
+                found[index] = _sample(np.concatenate([np.asarray(found[index]), np.asarray(values)]), index).tolist()
 
 
 def merge_split_summaries(parts: Iterable[dict[str, dict[str, Any]]], width: int) -> dict[str, dict[str, Any]]:
@@ -161,13 +194,13 @@ def merge_split_summaries(parts: Iterable[dict[str, dict[str, Any]]], width: int
 
 
 def _stats(moments: Moments, columns: list[str]) -> dict[str, dict[str, float | None]]:
-    std = moments.std
+    std, counts = moments.std, moments.counts
     result = {}
     for index, column in enumerate(columns):
-        if moments.count == 0:
+        if counts[index] == 0:
             result[column] = {"count": 0}
             continue
-        result[column] = {"count": moments.count, "mean": float(moments.mean[index]), "std": float(std[index]),
+        result[column] = {"count": int(counts[index]), "mean": float(moments.mean[index]), "std": float(std[index]),
                           "min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
     return result
 
@@ -204,6 +237,7 @@ def build_profile(total: dict[str, Any], plan: ColumnPlan, spec: PreprocessSpec,
         "rows": {"read": total["rows"], "dropped": total["rows"] - total["kept"],
                  **{name: total["splits"][name]["rows"] for name in SPLITS}},
         "dropped_by_column": {c: f["count"] for c, f in total["non_finite"].items()},
+        "imputed_by_column": dict(total.get("imputed", {})),
         "split": {"fractions": spec.split, "seed": spec.seed, "method": method},
         "columns": _stats(overall, columns),
         "columns_by_split": {name: _stats(total["splits"][name]["moments"], columns) for name in SPLITS},

@@ -15,10 +15,7 @@ from airflow_ray_ml_stages.preprocessor import BOOLEAN_WORDS
 from airflow_ray_ml_stages.specs import PreprocessSpec
 
 
-# Values pyarrow's CSV reader turns into null in a float column (its default null_values), which
-# are missing values, not non-numeric ones.
-NULL_TOKENS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
-                         "1.#QNAN", "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null"})
+from airflow_ray_ml_stages.constants import NULL_TOKENS  # noqa: F401  (the data stage's missing values)
 
 
 @dataclass

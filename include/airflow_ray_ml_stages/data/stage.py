@@ -16,6 +16,8 @@ import tempfile
 import threading
 import time
 
+import numpy as np
+
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.data.batch import BatchContext
@@ -24,13 +26,13 @@ from airflow_ray_ml_stages.data.engines import (BATCH_ROWS, available_cores, cho
                                 read_dataset, summarise_ray_batch, summarise_splits_direct, transform_ray_batch,
                                 write_direct)
 from airflow_ray_ml_stages.data.labels import fit_classes
-from airflow_ray_ml_stages.data.profile import build_profile, merge_split_summaries, merge_summaries
+from airflow_ray_ml_stages.data.profile import build_profile, medians, merge_split_summaries, merge_summaries
 from airflow_ray_ml_stages.data.schema import plan_columns
 from airflow_ray_ml_stages.data.sources import download, fingerprint_sources, inspect_source, reader_path
 from airflow_ray_ml_stages.data.split import SPLIT_COLUMN, SPLITS
 from airflow_ray_ml_stages.data.validation import diagnose_csv, raise_findings
 from airflow_ray_ml_stages.errors import DataSourceError, quotable
-from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor
+from airflow_ray_ml_stages.preprocessor import Preprocessor
 from airflow_ray_ml_stages.specs import PreprocessResult, PreprocessSpec
 from airflow_ray_ml_stages.stage import run_stage
 
@@ -118,10 +120,16 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
             )
         categories[column] = values
     width = len(plan.numeric)  # the scaler's columns: without the booleans and the label
-    train_moments = Moments(train["moments"].count, train["moments"].mean[:width], train["moments"].m2[:width],
-                            train["moments"].minimum[:width], train["moments"].maximum[:width])
+    train_moments = train["moments"].columns(width)
+    fill = imputation(total, plan, categories) if spec.nan_policy == "impute" else {}
+    if fill:
+        # the scaler sees the training values as the splits will hold them: imputed
+        train_moments = train_moments.filled(np.array([fill.get(column, 0.0) for column in plan.numeric]))
+        log.info("imputing missing values from the training split (median, most frequent category): %s",
+                 {column: f"{count} row(s) -> {fill[column]!r}" for column, count in total["imputed"].items()}
+                 or "none is missing")
     preprocessor = Preprocessor.fit(spec.scaler, plan.numeric, train_moments, categories, plan.label, spec.task,
-                                    ctx.classes, plan.boolean)
+                                    ctx.classes, plan.boolean, fill)
     hasher.join()
 
     # Everything is valid: now write.
@@ -144,7 +152,7 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     variants = {}
     for scaler in SCALERS:
         variant = Preprocessor.fit(scaler, plan.numeric, train_moments, categories, plan.label, spec.task, ctx.classes,
-                                   plan.boolean)
+                                   plan.boolean, fill)
         variants[scaler] = artifacts.join(spec.artifact_dir, "preprocessors", f"{scaler}.json")
         artifacts.write_bytes_atomic(variants[scaler], variant.to_json().encode("utf-8"))
     profile_uri = artifacts.join(spec.artifact_dir, "profile.json")
@@ -167,6 +175,29 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         task=spec.task,
         classes=ctx.classes,
     )
+
+
+def imputation(total: dict, plan, categories: dict[str, list[str]]) -> dict[str, float | str]:
+    """``nan_policy='impute'``: each feature column's value for a missing one, from the training split only.
+
+    A numeric or boolean column's median, a categorical column's most frequent value (the first in
+    sorted order of equally frequent ones). Every feature gets one, so serving and scoring impute a
+    value missing where training had none; a column that misses every training value cannot be
+    imputed, and fails the run naming it.
+    """
+    train = total["splits"]["train"]
+    fill: dict[str, float | str] = {}
+    found = medians(train.get("samples") or [[] for _ in [*plan.numeric, *plan.boolean]])
+    for column, median in zip([*plan.numeric, *plan.boolean], found):
+        fill[column] = median
+    for column in plan.categorical:
+        counts = train["categories"].get(column, {})
+        fill[column] = max(sorted(counts), key=lambda value: counts[value]) if counts else None
+    empty = sorted(column for column, value in fill.items() if value is None)
+    if empty:
+        raise DataSourceError(f"column(s) {empty} have no value in any training row, so there is nothing to impute "
+                              "them from: leave them out (drop_columns) or fix the data")
+    return fill
 
 
 def main(argv: list[str] | None = None) -> int:

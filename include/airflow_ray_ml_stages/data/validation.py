@@ -32,18 +32,27 @@ def merge_finding(into: dict[str, dict], found: dict[str, dict]) -> None:
 
 
 def clean_batch(batch: Batch, ctx: BatchContext) -> tuple[np.ndarray, dict[str, dict], dict]:
-    """Rows to keep, NaN/infinite/missing findings per column, and labels-out-of-range findings."""
+    """Rows to keep, NaN/infinite/missing findings per column, and labels-out-of-range findings.
+
+    With ``nan_policy='impute'`` only the label's findings drop rows; a feature's missing values
+    are kept for the preprocessor to impute (an infinite one becomes missing, in ``batch`` itself),
+    and their findings go to :func:`imputed_findings`.
+    """
     finite = np.isfinite(batch.numeric)
-    bad_any = ~finite.all(axis=1)
+    impute = ctx.nan_policy == "impute"
+    bad_any = ~finite[:, -1] if impute else ~finite.all(axis=1)
     non_finite: dict[str, dict] = {}
-    if bad_any.any():
+    if not finite.all():
         for index, column in enumerate([*ctx.numeric, ctx.label]):
             bad = ~finite[:, index]
-            if bad.any():
+            if bad.any() and not (impute and column != ctx.label):
                 non_finite[column] = batch.finding(bad, ctx)
+        if impute:
+            features = batch.numeric[:, :-1]
+            features[~finite[:, :-1]] = np.nan
     for column in ctx.categorical:
         bad = batch.codes[column] < 0
-        if bad.any():
+        if bad.any() and not impute:
             non_finite[column] = batch.finding(bad, ctx)
             bad_any |= bad
     out_of_range: dict[str, dict] = {}
@@ -54,6 +63,15 @@ def clean_batch(batch: Batch, ctx: BatchContext) -> tuple[np.ndarray, dict[str, 
         if outside.any():
             out_of_range[ctx.label] = batch.finding(outside, ctx)
     return ~bad_any, non_finite, out_of_range
+
+
+def imputed_findings(batch: Batch, keep: np.ndarray, ctx: BatchContext) -> dict[str, int]:
+    """``nan_policy='impute'``: per feature column, how many kept rows of the batch miss a value."""
+    if ctx.nan_policy != "impute":
+        return {}
+    found = {column: int(np.isnan(batch.numeric[keep, index]).sum()) for index, column in enumerate(ctx.numeric)}
+    found.update({column: int((batch.codes[column][keep] < 0).sum()) for column in ctx.categorical})
+    return {column: count for column, count in found.items() if count}
 
 
 def clean(frame: pd.DataFrame, uris: list[str], ctx: BatchContext) -> tuple[np.ndarray, dict[str, dict], dict]:
@@ -84,7 +102,8 @@ def raise_findings(total: dict[str, Any], ctx: BatchContext) -> None:
         raise DataSourceError(
             f"column {column!r} has {finding['count']} NaN, infinite or missing value(s) {describe(finding)}"
             + (f"; columns {others} have some too" if others else "")
-            + ". Clean the data, or set nan_policy='drop' to drop those rows and count them"
+            + ". Clean the data, or set nan_policy='impute' to fill the features' missing values from the training "
+              "split (rows without a label are dropped), or 'drop' to drop those rows and count them"
         )
     for column, finding in total["label_out_of_range"].items():
         raise DataSourceError(

@@ -28,6 +28,7 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.model_card import ModelCard
+from airflow_ray_ml_stages.preprocessor import feature_fill, fill_missing
 from airflow_ray_ml_stages.train.config import ENSEMBLE, FORESTS
 
 PREPROCESSOR = "preprocessor.json"
@@ -77,7 +78,8 @@ class LightningModel:
 
     family = "lightning"
 
-    def __init__(self, card: ModelCard, model_config: dict[str, Any], state_dict: dict) -> None:
+    def __init__(self, card: ModelCard, model_config: dict[str, Any], state_dict: dict,
+                 fill: list[float] | None = None) -> None:
         import torch
 
         from airflow_ray_ml_stages.models.mlp import MLP
@@ -90,9 +92,10 @@ class LightningModel:
         self.module.load_state_dict(state_dict)
         self.module.eval()
         self._torch = torch
+        self.fill = fill  # a missing feature's value (see fill_missing)
 
     def predict(self, features: Any) -> np.ndarray:
-        array = _as_features(features, self.model_config["n_features"])
+        array = fill_missing(_as_features(features, self.model_config["n_features"]), self.fill)
         with self._torch.inference_mode():
             return self.module.predict(self._torch.from_numpy(array)).numpy().astype(np.float64)
 
@@ -120,16 +123,17 @@ class XGBoostModel:
 class ForestModel:
     """A trained scikit-learn forest, read from its arrays (:class:`~airflow_ray_ml_stages.models.forest.ForestTrees`)."""
 
-    def __init__(self, card: ModelCard, trees) -> None:
+    def __init__(self, card: ModelCard, trees, fill: list[float] | None = None) -> None:
         self.card = card
         self.family = card.family
         self.trees = trees
+        self.fill = fill  # a missing feature's value (see fill_missing)
         if trees.n_features_needed > len(card.feature_columns):
             raise ValueError(f"the forest reads feature {trees.n_features_needed - 1}, but the card lists "
                              f"{len(card.feature_columns)} feature columns")
 
     def predict(self, features: Any) -> np.ndarray:
-        predicted = self.trees.predict(_as_features(features, len(self.card.feature_columns)))
+        predicted = self.trees.predict(fill_missing(_as_features(features, len(self.card.feature_columns)), self.fill))
         return predicted if self.card.task == "classification" else predicted[:, 0]
 
 
@@ -200,12 +204,15 @@ def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel | 
     card = ModelCard.read(model_dir)
     if card.family == ENSEMBLE:
         return _load_ensemble(model_dir, card)
+    # a missing feature (NaN, nan_policy impute) is imputed as in training; XGBoost takes it as missing itself
+    fill = feature_fill(artifacts.join(model_dir, PREPROCESSOR) if card.preprocessor else None,
+                        list(card.feature_columns)) if card.family != "xgboost" else None
     if card.family in FORESTS:
         from airflow_ray_ml_stages.models.forest import FOREST_MODEL, ForestTrees
 
-        return ForestModel(card, ForestTrees(artifacts.read_bytes(artifacts.join(model_dir, FOREST_MODEL))))
+        return ForestModel(card, ForestTrees(artifacts.read_bytes(artifacts.join(model_dir, FOREST_MODEL))), fill)
     if card.family == "lightning":
         config = artifacts.read_json(artifacts.join(model_dir, TORCH_CONFIG))
         state = load_torch_state_dict(artifacts.read_bytes(artifacts.join(model_dir, TORCH_WEIGHTS)))
-        return LightningModel(card, config, state)
+        return LightningModel(card, config, state, fill)
     return XGBoostModel(card, load_xgboost_booster(artifacts.read_bytes(artifacts.join(model_dir, XGBOOST_MODEL))))

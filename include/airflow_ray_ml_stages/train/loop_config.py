@@ -53,6 +53,9 @@ class TrainLoopConfig:
     """``direct``: read the splits with pyarrow; ``ray_data``: the Ray Dataset shard Ray Train hands the worker."""
     feature_affine: list[list[float]] | None = None
     """``[multiply, add]`` per feature: maps the written splits to another scaler's scaling."""
+    feature_fill: list[float] | None = None
+    """Per feature, the value of a missing one (NaN in the splits, ``nan_policy='impute'``) in the written
+    splits' scaling, filled before ``feature_affine``; None: left as NaN (XGBoost takes it as missing)."""
     session: Session = "train"
     """``tune`` inside a Ray Tune trial: reports go to Tune and the test split is never read."""
     class_priors: list[float] | None = None

@@ -16,7 +16,7 @@ import numpy as np
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 from airflow_ray_ml_stages.metrics import prior_probabilities
-from airflow_ray_ml_stages.preprocessor import Preprocessor, apply_affine, feature_affine
+from airflow_ray_ml_stages.preprocessor import Preprocessor, apply_affine, feature_affine, fill_missing
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 
 SPLITS = ("train", "validation", "test")
@@ -109,7 +109,8 @@ def split_arrays(cfg: TrainLoopConfig, split: str, rank: int = 0, world_size: in
     otherwise be one more streaming execution (read tasks in new worker processes) per worker for
     a few MB. A directly read training split is sliced by rank into equal parts (at most
     ``world_size - 1`` rows left out), as Ray Data's equal split does, so every rank runs as many
-    steps as the others. With ``cfg.feature_affine`` (``[multiply, add]`` per feature, see
+    steps as the others. With ``cfg.feature_fill`` missing values (NaN) are imputed, and with
+    ``cfg.feature_affine`` (``[multiply, add]`` per feature, see
     :func:`airflow_ray_ml_stages.preprocessor.feature_affine`) the features are mapped to another scaler's scaling.
     """
     features, label = cfg.feature_columns, cfg.label_column
@@ -194,6 +195,7 @@ def tensor_batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, shuffle: bo
 
 
 def _map_features(cfg: TrainLoopConfig, x: np.ndarray) -> np.ndarray:
+    x = fill_missing(x, cfg.feature_fill)
     affine = cfg.feature_affine
     if not affine:
         return x

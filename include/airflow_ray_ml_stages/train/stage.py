@@ -15,6 +15,7 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.capacity import bundles_placeable, fit_workers, fixes, live_capacity, waiting_reason
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError
+from airflow_ray_ml_stages.preprocessor import feature_fill
 from airflow_ray_ml_stages.specs import TrainResult, TrainSpec
 from airflow_ray_ml_stages.stage import run_stage
 from airflow_ray_ml_stages.train.config import ENSEMBLE
@@ -49,6 +50,8 @@ def run_training(spec: TrainSpec) -> TrainResult:
     log.info("right-sizing: %s", sizing_reason)
     affine, preprocessor_uri = scaler_plan(spec.preprocessor_uri, spec.preprocessor_variants, spec.scaler,
                                            spec.feature_columns)
+    # missing values (nan_policy impute): XGBoost takes the splits' NaN as missing itself, the others impute
+    fill = None if family == "xgboost" else feature_fill(spec.preprocessor_uri, list(spec.feature_columns))
     if affine:
         log.info("scaler %r: features mapped from the written splits with the variant %s", spec.scaler, preprocessor_uri)
     data_loading = plan.data_loading
@@ -68,7 +71,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
             label_mean=label_mean, label_std=label_std, seed=spec.seed, use_gpu=in_process_gpu, local_mode=True,
             threads=max(1, int(compute.cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
             artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
-            feature_affine=affine, class_priors=class_priors,
+            feature_affine=affine, feature_fill=fill, class_priors=class_priors,
         )
         log.info("training %s on %s in the job's process (Train's local mode without Ray Train), data: direct",
                  family, "GPU" if in_process_gpu else "CPU")
@@ -115,7 +118,7 @@ def run_training(spec: TrainSpec) -> TrainResult:
         label_mean=label_mean, label_std=label_std, seed=spec.seed, use_gpu=use_gpu, local_mode=local_mode,
         threads=max(1, int(cpus_per_worker)), checkpoint_every=spec.checkpoint_every,
         artifact_dir=spec.artifact_dir, model_dir=model_dir, uris=uris, data_loading=data_loading,
-        feature_affine=affine, class_priors=class_priors,
+        feature_affine=affine, feature_fill=fill, class_priors=class_priors,
     )
     datasets = None
     if data_loading == "ray_data":
