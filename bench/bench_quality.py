@@ -99,11 +99,11 @@ def dag_defaults(work: Path) -> dict:
 
 
 BUILT_IN_TABLES = {
-    # name: (scikit-learn's loader, task); real tables it ships, read without a download
-    "diabetes": ("load_diabetes", "regression"),
-    "breast_cancer": ("load_breast_cancer", "classification"),
-    "wine_cultivars": ("load_wine", "classification"),
-    "digits": ("load_digits", "classification"),
+    # name: (scikit-learn's loader, its arguments, task); real tables it ships, read without a download
+    "diabetes": ("load_diabetes", {"scaled": False}, "regression"),
+    "breast_cancer": ("load_breast_cancer", {}, "classification"),
+    "wine_cultivars": ("load_wine", {}, "classification"),
+    "digits": ("load_digits", {}, "classification"),
 }
 """Real public tables for ``--tables`` besides ``wine`` (the generated demo table) and your own files."""
 
@@ -112,8 +112,8 @@ def built_in_table(work: Path, name: str) -> tuple[list[str], str, str]:
     """A scikit-learn table written as CSV: its path, label column and task."""
     from sklearn import datasets
 
-    loader, task = BUILT_IN_TABLES[name]
-    frame = getattr(datasets, loader)(as_frame=True).frame
+    loader, arguments, task = BUILT_IN_TABLES[name]
+    frame = getattr(datasets, loader)(as_frame=True, **arguments).frame
     path = work / f"{name}.csv"
     frame.to_csv(path, index=False)
     return [str(path)], "target", task

@@ -154,6 +154,26 @@ def test_tune_optuna_searcher_samples_inside_the_space_and_every_trial_completes
     assert manifest["best_metric"] <= min(r["metrics"]["val_rmse"] for r in rows)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("forest", ["extra_trees", "random_forest"])
+def test_a_forest_family_is_chosen_by_the_search_on_a_table_where_it_is_best(airflow_db, ray_conn, preprocess, forest):
+    """Against a Lightning net of one epoch and one-round XGBoost stumps, on the generated wine table, the forest's
+    trials are the search's best: it is searched, trained in a trial, scored and ranked like the others."""
+    space = {"family": {"choice": ["lightning", "xgboost", forest]}, "scaler": "standard",
+             "lightning": {"max_epochs": 1, "hidden_sizes": [4]},
+             "xgboost": {"num_boost_round": 1, "max_depth": 1},
+             forest: {"n_estimators": 40, "min_samples_leaf": {"randint": [1, 4]}}}
+    dag_run = _run("tune_only", preprocess, space, day=4 + ["extra_trees", "random_forest"].index(forest))
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "tune")
+    rows = [row for row in json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+            if row["trial_id"] != "ensemble"]
+    assert {row["family"] for row in rows} >= {forest} and rows[0]["status"] == "COMPLETED"
+    assert rows[0]["family"] == forest  # the best trial
+    best = manifest["best_config"]
+    assert best["family"] == forest or {m["family"] for m in best["members"]} >= {forest}
+
+
 def _operator(**kwargs) -> RayTuneOperator:
     from airflow.sdk import DAG
 
