@@ -30,6 +30,7 @@ Usage::
 
     python bench/bench_quality.py                       # the generated wine data (as the demo DAG)
     python bench/bench_quality.py --tables wine diabetes breast_cancer digits wine_cultivars
+    python bench/bench_quality.py --tables wine --table /data/cars.csv:price --table /data/loans.csv:defaulted:classification
     python bench/bench_quality.py --source a.csv [b.csv ...] --label COL [--task regression|classification]
                                   [--group-column COL] [--num-trials N] [--time-budget-s S] [--split-seed N] [--check]
 
@@ -441,6 +442,8 @@ def main() -> int:
                         help="tables to run one after the other: wine (generated, as the demo DAG) and real tables "
                              "scikit-learn ships; default: wine, or --source")
     parser.add_argument("--source", nargs="+", help="your own CSV/Parquet files (one table)")
+    parser.add_argument("--table", action="append", default=[], metavar="PATH:LABEL[:classification]",
+                        help="one more table of your own, one file (repeat it for several tables)")
     parser.add_argument("--label", help="the label column of --source (default: the DAG's, quality)")
     parser.add_argument("--task", choices=["regression", "classification"], default="regression",
                         help="the task of --source")
@@ -474,12 +477,15 @@ def main() -> int:
         client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
         # What the probe task plans for this cluster (one CPU worker; two trials at once).
         compute = plan_cpu([NodeResources("head", float(CLUSTER_CPUS), 0.0)], 1, "bench: the probe's CPU plan").to_dict()
-        tables = args.tables or ([] if args.source else ["wine"])
+        tables = args.tables or ([] if args.source or args.table else ["wine"])
         runs = [(name, None, params["label_column"], "regression") if name == "wine"
                 else (name, *built_in_table(work, name)) for name in tables]
         if args.source:
             runs.append((", ".join(Path(path).name for path in args.source), args.source,
                          args.label or params["label_column"], args.task))
+        for given in args.table:
+            path, label, *task = given.split(":")
+            runs.append((Path(path).name, [path], label, task[0] if task else "regression"))
         for index, (name, source, label, task) in enumerate(runs):
             table_work = work / f"table-{index}"
             table_work.mkdir()
