@@ -12,11 +12,11 @@ Does the search earn its time? On the same split of the same table, this prints
   (500 trees), random forest, HistGradientBoosting and a linear model (ridge, or logistic
   regression), and XGBoost;
 - **FLAML** (``flaml.AutoML``, the ``bench`` extra) given the champion's wall time (tune + train) on
-  the same CPUs, on the same rows.
+  the same CPUs, on the same rows (missing values imputed: some of its learners refuse NaN).
 
 The features are the data stage's output, written exactly as the DAG's preprocess task writes them
 (``run_preprocess`` with the DAG's spec, missing values imputed: the trees and FLAML take the
-splits' NaN as they are, the linear model the preprocessor's fill).
+splits' NaN as they are, the linear model and FLAML the preprocessor's fill).
 
 Metrics: regression RMSE, MAE and the share of predictions within 0.5 of the label; classification
 accuracy, macro F1 and log loss; one line per metric says whether the champion is at least as good
@@ -209,9 +209,12 @@ def champion(client, work: Path, data: dict, params: dict, compute: dict, args) 
               "preprocessor_uri": data["preprocessor_uri"], "preprocessor_variants": data["preprocessor_variants"],
               "data_fingerprint": data["fingerprint"], "compute": compute, "classes": data.get("classes")}
     splits = {f"{name}_uri": data["split_uris"][name] for name in ("train", "validation")}
-    space = default_search_space(params["families"], params["scalers"], params["max_epochs"], params["num_boost_round"])
+    space = default_search_space(args.families or params["families"], params["scalers"], params["max_epochs"],
+                                 params["num_boost_round"])
     tune_spec = {**shared, **splits, "artifact_dir": str(work / "tune"), "search_space": space,
                  "num_samples": args.num_trials, "time_budget_s": args.time_budget_s, "searcher": params["searcher"]}
+    if args.ensemble_size is not None:
+        tune_spec["ensemble_size"] = args.ensemble_size
     tune_s, tuned = submit(client, "airflow_ray_ml_stages.tune", tune_spec)
     print(f"tune: {tune_s:.1f} s, trials {tuned['trials']}, best {tuned['metric']}={tuned['best_metric']:.4f}: "
           f"{json.dumps(tuned['best_config'])}", flush=True)
@@ -285,13 +288,16 @@ def _filled(x: np.ndarray, fill: np.ndarray | None) -> np.ndarray:
 
 
 def flaml_peer(data: dict, task: str, seconds: float) -> dict:
-    """FLAML's AutoML given ``seconds`` of wall time on the bench cluster's CPUs, on train + validation."""
+    """FLAML's AutoML given ``seconds`` of wall time on the bench cluster's CPUs, on train + validation, with
+    missing values imputed as the project's models get them (some of its learners refuse NaN)."""
     from flaml import AutoML
 
     train_x, train_y = read_split(data, "train")
     validation_x, validation_y = read_split(data, "validation")
     test_x, _ = read_split(data, "test")
-    x, y = np.concatenate([train_x, validation_x]), np.concatenate([train_y, validation_y])
+    fill = _fill(data)
+    x, y = _filled(np.concatenate([train_x, validation_x]), fill), np.concatenate([train_y, validation_y])
+    test_x = _filled(test_x, fill)
     automl = AutoML()
     started = time.monotonic()
     classify = task == "classification"
@@ -452,6 +458,10 @@ def main() -> int:
                              "label_threshold); default: each label value is a class")
     parser.add_argument("--group-column", help="also print the metrics per value of this feature (wine: type)")
     parser.add_argument("--num-trials", type=int, help="default: the DAG's num_trials")
+    parser.add_argument("--families", nargs="+", help="the families searched; default: the DAG's (every family): "
+                                                      "with --ensemble-size 0, what each part of the search adds")
+    parser.add_argument("--ensemble-size", type=int, help="the tune stage's ensemble_size (0: the best trial alone); "
+                                                         "default: the stage's")
     parser.add_argument("--time-budget-s", type=float, help="default: the DAG's time_budget_s")
     parser.add_argument("--split-seed", type=int, help="the data stage's split seed; default: the DAG's (0)")
     parser.add_argument("--rows", type=int, default=6497, help="generated wine rows (the DAG's demo_rows)")

@@ -169,13 +169,16 @@ with DAG(
         "families": Param(list(FAMILIES), type="array", minItems=1, uniqueItems=True,
                           items={"type": "string", "enum": list(FAMILIES)},
                           examples=list(FAMILIES),  # what makes the form a multi-select
-                          title="Model families", description="Model families to search; at least one"),
+                          title="Model families",
+                          description="Model families to search, at least one: a Lightning MLP, XGBoost, and "
+                                      "scikit-learn's ExtraTrees, random forest and linear model (CPU)"),
         "scalers": Param(list(DEFAULT_SEARCH_SPACE["scaler"]["choice"]), type="array", minItems=1,
                          uniqueItems=True, items={"type": "string", "enum": list(SCALERS)}, examples=list(SCALERS),
                          title="Scalers", description="Feature scalings to search; the first is the one "
                                                       "the data is written with"),
         "num_trials": Param(12, type="integer", minimum=1, maximum=1000, title="Trials",
-                            description="Tune trials"),
+                            description="Tune trials; where a weighted average of the completed ones beats each "
+                                        "of them on validation, that ensemble is the champion"),
         "deploy": Param(True, type="boolean", title="Deploy if better",
                         description="Promote the model to Ray Serve if it beats the served one"),
         "searcher": Param(TuneSpec.searcher, type="string", enum=list(SEARCHERS), title="Searcher",

@@ -20,7 +20,7 @@ import math
 from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES
 from airflow_ray_ml_stages.specs import ComputeSpec
 from airflow_ray_ml_stages.spec_base import require_choice, require_int_range
-from airflow_ray_ml_stages.train.config import FAMILIES, FORESTS
+from airflow_ray_ml_stages.train.config import FAMILIES, SKLEARN_FAMILIES
 
 # The thresholds: the one place they are set. Initial values, to be replaced by bench/bench_gpu.py's
 # measurements on a GPU node (docs/benchmarks.md, "GPU"): XGBoost trials on the 6.5k-row wine table
@@ -60,7 +60,7 @@ def choose_device(compute: ComputeSpec, *, family: str, rows: int, features: int
     """GPU or CPU for training ``family`` on ``rows`` x ``features`` for ``iterations`` epochs or rounds.
 
     :param compute: the probe's compute spec; without a usable GPU the answer is always CPU.
-    :param family: the model family (``lightning``, ``xgboost``, or a forest: always CPU).
+    :param family: the model family (``lightning``, ``xgboost``, or a scikit-learn one: always CPU).
     :param rows: training rows.
     :param features: feature columns the model takes.
     :param iterations: epochs (lightning), boosting rounds (xgboost) or trees (a forest) at most.
@@ -71,8 +71,8 @@ def choose_device(compute: ComputeSpec, *, family: str, rows: int, features: int
     require_int_range("choose_device", "rows", rows, 0)
     require_int_range("choose_device", "features", features, 1)
     require_int_range("choose_device", "iterations", iterations, 1)
-    if family in FORESTS:
-        return DeviceChoice(False, f"CPU: scikit-learn's {family} forest has no GPU implementation")
+    if family in SKLEARN_FAMILIES:
+        return DeviceChoice(False, f"CPU: scikit-learn's {family} has no GPU implementation")
     if not compute.use_gpu:
         return DeviceChoice(False, f"CPU: the probe found no usable GPU ({compute.reason})")
     if accelerator == "cpu":

@@ -45,6 +45,7 @@ from airflow_ray_ml_stages.train.config import (
     FAMILIES,
     FAMILY_DEFAULTS,
     HYPERPARAMETER_CONSTRAINTS,
+    LINEAR_DEFAULTS,
     OPEN_FAMILIES,
     RANDOM_FOREST_DEFAULTS,
     resolve_train_config,
@@ -86,6 +87,7 @@ DEFAULT_SEARCH_SPACE: dict[str, Any] = {
         "min_samples_leaf": {"randint": [1, 6]},
         "n_estimators": 200,
     },
+    "linear": {"alpha": {"loguniform": [1e-3, 100.0]}},
 }
 """The default: every family, both scalers, each family's main hyperparameters."""
 
@@ -96,6 +98,8 @@ DEFAULT_START_CONFIGS: list[dict[str, Any]] = [
     # the two forests with their defaults (ExtraTrees as scikit-learn grows it for regression)
     {"family": "extra_trees", **EXTRA_TREES_DEFAULTS},
     {"family": "random_forest", **RANDOM_FOREST_DEFAULTS},
+    # ridge / logistic regression with scikit-learn's default penalty
+    {"family": "linear", **LINEAR_DEFAULTS},
 ]
 """The configs a random search tries first (TuneSpec's ``start_configs`` default): the plain tree
 ensembles a search has to beat, so the champion is chosen against them on the same validation rows.
@@ -313,6 +317,8 @@ class SearchSpace:
 
     def max_budget(self, family: str) -> int:
         """The most epochs (lightning), rounds (xgboost) or trees (a forest) a trial of ``family`` can run."""
+        if family not in BUDGET_KEYS:
+            return 1  # the linear model: one fit
         key = BUDGET_KEYS[family]
         value = self.blocks.get(family, {}).get(key, FAMILY_DEFAULTS[family][key])
         return int(max(_options("", value)))

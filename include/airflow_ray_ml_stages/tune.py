@@ -47,10 +47,10 @@ from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.preprocessor import feature_fill, input_types_of
 from airflow_ray_ml_stages.probe import cpu_headroom
-from airflow_ray_ml_stages.search_space import BUDGET_KEYS, SearchSpace
+from airflow_ray_ml_stages.search_space import SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
-from airflow_ray_ml_stages.train.config import ENSEMBLE, resolve_train_config
+from airflow_ray_ml_stages.train.config import ENSEMBLE, resolve_train_config, training_length
 
 log = logging.getLogger("airflow_ray_ml_stages.tune")
 
@@ -89,7 +89,7 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     resolved = resolve_train_config(config)  # a bad combination fails this trial, not the search
     family = resolved["family"]
     scaling = base["scalers"].get(config.get("scaler") or "", {"affine": None, "preprocessor_uri": base["preprocessor_uri"]})
-    budget = int(resolved[BUDGET_KEYS[family]])
+    budget = training_length(family, resolved)
     cfg = TrainLoopConfig(
         config=resolved, feature_columns=base["feature_columns"], label_column=base["label_column"],
         label_mean=base["label_mean"], label_std=base["label_std"], class_priors=base["class_priors"],
@@ -220,7 +220,7 @@ def plot_leaderboard(rows: list[dict[str, Any]], histories: dict[str, list[tuple
     import matplotlib.pyplot as plt
 
     colours = {"lightning": "tab:blue", "xgboost": "tab:orange", "extra_trees": "tab:green",
-               "random_forest": "tab:olive"}
+               "random_forest": "tab:olive", "linear": "tab:purple"}
     markers = {COMPLETED: "o", EARLY_STOPPED: "x", FAILED: "v"}
     figure, axes = plt.subplots(figsize=(9, 5), dpi=100)
     try:

@@ -76,7 +76,7 @@ def test_choose_device_required_gpu_small_work_stays_on_cpu_and_says_how_to_forc
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("family", "sklearn", r"choose_device.family must be one of \['lightning', 'xgboost', 'extra_trees', "
-                          r"'random_forest'\], got 'sklearn'"),
+                          r"'random_forest', 'linear'\], got 'sklearn'"),
     ("accelerator", "cuda", r"choose_device.accelerator must be one of \['auto', 'gpu', 'cpu'\], got 'cuda'"),
     ("rows", -1, r"choose_device.rows must be an integer >= 0, got -1"),
     ("features", 0, r"choose_device.features must be an integer >= 1, got 0"),

@@ -19,7 +19,7 @@ from airflow_ray_ml_stages.metrics import regression_metrics
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.models import load_model
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec, XGBOOST_DEFAULTS, resolve_train_config
-from airflow_ray_ml_stages.train.config import FORESTS
+from airflow_ray_ml_stages.train.config import SKLEARN_FAMILIES
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import run_name
 from airflow_ray_ml_stages.train.sizing import plan_training, plan_workers
@@ -48,7 +48,7 @@ def test_train_spec_tune_best_config_is_taken_as_is_with_defaults_filled():
     ("fields", "message"),
     [
         ({"config": {"family": "sklearn"}},
-         "must be one of \\['lightning', 'xgboost', 'extra_trees', 'random_forest'\\], got 'sklearn'"),
+         "must be one of \\['lightning', 'xgboost', 'extra_trees', 'random_forest', 'linear'\\], got 'sklearn'"),
         ({"config": {"family": "extra_trees", "n_trees": 5}}, "unknown extra_trees hyperparameter\\(s\\) \\['n_trees'\\]"),
         ({"config": {"family": "random_forest", "max_features": 0}}, "max_features.*in \\(0, 1\\], got 0"),
         ({"config": {"family": "random_forest", "min_samples_leaf": 0.5}}, "min_samples_leaf.*integer >= 1, got 0.5"),
@@ -363,28 +363,33 @@ def test_lightning_regression_label_in_other_units_trains_to_the_same_relative_e
     assert rmse[1000] == pytest.approx(rmse[1], rel=1e-2)
 
 
-@pytest.mark.parametrize("family", FORESTS)
+SKLEARN_CONFIGS = {"extra_trees": ({"n_estimators": 40, "min_samples_leaf": 2}, "forest.npz"),
+                   "random_forest": ({"n_estimators": 40, "min_samples_leaf": 2}, "forest.npz"),
+                   "linear": ({"alpha": 0.5}, "linear.npz")}
+
+
+@pytest.mark.parametrize("family", SKLEARN_FAMILIES)
 @pytest.mark.parametrize("classification", [False, True])
-def test_forest_trains_in_process_saves_plain_arrays_and_serves_without_scikit_learn(tmp_path, family, classification):
-    """A forest family trains in the job's process, beats the baseline, and its ``forest.npz`` holds numbers only;
-    a process that cannot import scikit-learn loads it and predicts what training scored."""
+def test_scikit_learn_family_trains_in_process_saves_plain_arrays_and_serves_without_it(tmp_path, family,
+                                                                                       classification):
+    """A forest or the linear model trains in the job's process, beats the baseline, and its model file holds
+    numbers only; a process that cannot import scikit-learn loads it and predicts what training scored."""
     from tests.hidden_packages import hiding_env
     from tests.conftest import ROOT
     from tests.train_data import write_splits
 
     fields = write_splits(tmp_path / "splits", rows=1500, seed=3, classification=classification)
-    result = run_training(TrainSpec(**fields, artifact_dir=str(tmp_path / "train"),
-                                    config={"family": family, "n_estimators": 40, "min_samples_leaf": 2},
-                                    num_workers=2))  # a forest trains in one process whatever the spec asks
-    assert result.training["runner"] == "in_process" and result.training["trees"] == 40
-    assert result.compute_used["num_workers"] == 0 and "forest trains in one process" in result.compute_used[
-        "sizing_reason"]
+    config, model_file = SKLEARN_CONFIGS[family]
+    result = run_training(TrainSpec(**fields, artifact_dir=str(tmp_path / "train"), config={"family": family, **config},
+                                    num_workers=2))  # it trains in one process whatever the spec asks
+    assert result.training["runner"] == "in_process" and result.training.get("trees", 40) == 40
+    assert result.compute_used["num_workers"] == 0 and "trains in one process" in result.compute_used["sizing_reason"]
     if classification:  # a forest's leaves give rare grades probability 0: its log loss is not the point here
         assert result.metrics["test"]["accuracy"] > result.baseline["test_accuracy"]
     else:
         assert result.metrics["test"]["rmse"] < result.baseline["test_rmse"]
     assert ModelCard.read(result.model_dir).framework_versions["scikit-learn"]
-    with np.load(os.path.join(result.model_dir, "forest.npz"), allow_pickle=False) as arrays:
+    with np.load(os.path.join(result.model_dir, model_file), allow_pickle=False) as arrays:
         assert all(arrays[name].dtype.kind in "if" for name in arrays.files)
     env = hiding_env(["sklearn"], tmp_path / "hide")
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT), str(ROOT / "include")])
@@ -398,6 +403,28 @@ def test_forest_trains_in_process_saves_plain_arrays_and_serves_without_scikit_l
     served = np.asarray(json.loads(done.stdout))
     with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
         np.testing.assert_allclose(served, saved["y_pred"], rtol=1e-12, atol=1e-12)
+
+
+def test_linear_arrays_predict_what_scikit_learn_predicts_with_a_class_absent_from_training():
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    from airflow_ray_ml_stages.models.linear import linear_bytes, linear_predict
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(600, 5))
+    ridge = Ridge(alpha=2.0).fit(x, x @ np.arange(5.0) + 1)
+    np.testing.assert_allclose(linear_predict(linear_bytes(ridge, None), x), ridge.predict(x), rtol=1e-10, atol=1e-10)
+    binary = LogisticRegression().fit(x, (x[:, 0] > 0).astype(int))
+    np.testing.assert_allclose(linear_predict(linear_bytes(binary, 2), x), binary.predict_proba(x), rtol=1e-9,
+                               atol=1e-12)
+    labels = np.digitize(x[:, 0], [-0.5, 0.5]) * 2  # classes 0, 2 and 4 of 5
+    multi = LogisticRegression(C=0.5).fit(x, labels)
+    probabilities = linear_predict(linear_bytes(multi, 5), x)
+    np.testing.assert_allclose(probabilities[:, [0, 2, 4]], multi.predict_proba(x), rtol=1e-9, atol=1e-12)
+    assert not probabilities[:, [1, 3]].any()
+    two_of_three = LogisticRegression().fit(x, (x[:, 1] > 0).astype(int) * 2)  # classes 0 and 2 of 3
+    found = linear_predict(linear_bytes(two_of_three, 3), x)
+    np.testing.assert_allclose(found[:, [0, 2]], two_of_three.predict_proba(x), rtol=1e-9, atol=1e-12)
 
 
 def test_forest_arrays_predict_what_scikit_learn_predicts_and_refuse_a_damaged_file():

@@ -202,7 +202,7 @@ def test_default_start_configs_are_points_of_the_space_that_decode_back_to_them(
 
     spec = TuneSpec(**DATA)
     points = spec.start_points()
-    assert [point["family"] for point in points] == ["xgboost", "extra_trees", "random_forest"]
+    assert [point["family"] for point in points] == ["xgboost", "extra_trees", "random_forest", "linear"]
     space = spec.space()
     for point, start in zip(points, DEFAULT_START_CONFIGS):
         assert point["scaler"] == space.scalers[0]

@@ -9,6 +9,7 @@ when there is one, and the model in a format that loads without pickle:
 - ``xgboost``: ``model.ubj``, XGBoost's own format;
 - ``extra_trees``, ``random_forest``: ``forest.npz``, the trees as plain arrays
   (:mod:`airflow_ray_ml_stages.models.forest`), applied with numpy;
+- ``linear``: ``linear.npz``, the coefficients (:mod:`airflow_ray_ml_stages.models.linear`);
 - ``ensemble``: ``members/<i>/``, each a model directory of the above, averaged with the weights
   the card lists (:mod:`airflow_ray_ml_stages.ensemble`).
 
@@ -152,6 +153,23 @@ def load_torch_state_dict(data: bytes) -> dict:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
+class LinearModel:
+    """A trained ridge or logistic regression, read from its coefficients."""
+
+    family = "linear"
+
+    def __init__(self, card: ModelCard, weights, fill: list[float] | None = None) -> None:
+        self.card = card
+        self.weights = weights
+        self.fill = fill  # a missing feature's value (see fill_missing)
+        if weights.n_features != len(card.feature_columns):
+            raise ValueError(f"the linear model takes {weights.n_features} features, but the card lists "
+                             f"{len(card.feature_columns)} feature columns")
+
+    def predict(self, features: Any) -> np.ndarray:
+        return self.weights.predict(fill_missing(_as_features(features, len(self.card.feature_columns)), self.fill))
+
+
 class EnsembleModel:
     """Trained models averaged with weights: each gets the features as its own preprocessor scales them."""
 
@@ -199,7 +217,7 @@ def _load_ensemble(model_dir: str, card: ModelCard) -> EnsembleModel:
     return EnsembleModel(card, loaded)
 
 
-def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel | EnsembleModel:
+def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel | LinearModel | EnsembleModel:
     """Load a model directory (local path or ``s3://``/``gs://`` URI) written by the train stage."""
     card = ModelCard.read(model_dir)
     if card.family == ENSEMBLE:
@@ -207,6 +225,10 @@ def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel | 
     # a missing feature (NaN, nan_policy impute) is imputed as in training; XGBoost takes it as missing itself
     fill = feature_fill(artifacts.join(model_dir, PREPROCESSOR) if card.preprocessor else None,
                         list(card.feature_columns)) if card.family != "xgboost" else None
+    if card.family == "linear":
+        from airflow_ray_ml_stages.models.linear import LINEAR_MODEL, LinearWeights
+
+        return LinearModel(card, LinearWeights(artifacts.read_bytes(artifacts.join(model_dir, LINEAR_MODEL))), fill)
     if card.family in FORESTS:
         from airflow_ray_ml_stages.models.forest import FOREST_MODEL, ForestTrees
 

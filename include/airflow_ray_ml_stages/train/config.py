@@ -15,9 +15,11 @@ from airflow_ray_ml_stages.constants import SCALERS
 from airflow_ray_ml_stages.errors import SpecError
 from airflow_ray_ml_stages.spec_base import require_choice
 
-FAMILIES = ("lightning", "xgboost", "extra_trees", "random_forest")
+FAMILIES = ("lightning", "xgboost", "extra_trees", "random_forest", "linear")
 FORESTS = ("extra_trees", "random_forest")
-"""The scikit-learn forest families: trained in one process on CPU, saved as plain arrays (``models.forest``)."""
+"""The scikit-learn forest families, saved as plain arrays (``models.forest``)."""
+SKLEARN_FAMILIES = (*FORESTS, "linear")
+"""The scikit-learn families: trained in the job's (or the trial's) one process, on CPU."""
 
 LIGHTNING_DEFAULTS: dict[str, Any] = {
     "hidden_sizes": [64, 32],
@@ -55,9 +57,13 @@ hold ``min_samples_leaf`` rows."""
 RANDOM_FOREST_DEFAULTS: dict[str, Any] = {**EXTRA_TREES_DEFAULTS, "max_features": 0.5}
 """scikit-learn's random forest (bootstrap row samples), each split over half of the features."""
 
+LINEAR_DEFAULTS: dict[str, Any] = {"alpha": 1.0}
+"""A linear model: ridge regression, or (classification) logistic regression with ``C = 1 / alpha``;
+``alpha`` is the L2 penalty's strength."""
+
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "lightning": LIGHTNING_DEFAULTS, "xgboost": XGBOOST_DEFAULTS,
-    "extra_trees": EXTRA_TREES_DEFAULTS, "random_forest": RANDOM_FOREST_DEFAULTS,
+    "extra_trees": EXTRA_TREES_DEFAULTS, "random_forest": RANDOM_FOREST_DEFAULTS, "linear": LINEAR_DEFAULTS,
 }
 """Each family's defaults: every hyperparameter it takes (XGBoost takes more, see below)."""
 
@@ -68,7 +74,13 @@ ENSEMBLE_MEMBER_KEYS = ("model_dir", "weight", "trial_id", "family", "scaler", "
 
 BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round", **{forest: "n_estimators" for forest in FORESTS}}
 """The hyperparameter that sets a family's training length (ASHA's budget is a share of it): epochs,
-boosting rounds, or a forest's trees (a forest reports only its end, so ASHA never cuts one)."""
+boosting rounds, or a forest's trees (a forest reports only its end, so ASHA never cuts one). The
+linear model has none: it trains in one go."""
+
+
+def training_length(family: str, config: dict[str, Any]) -> int:
+    """Epochs, rounds or trees of a resolved config; 1 for the linear model (one fit)."""
+    return int(config[BUDGET_KEYS[family]]) if family in BUDGET_KEYS else 1
 
 OPEN_FAMILIES = ("xgboost",)
 """Families that take hyperparameters beyond their defaults' (the booster's many parameters, unchecked)."""
@@ -162,6 +174,7 @@ HYPERPARAMETER_CONSTRAINTS: dict[str, dict[str, Constraint]] = {
         "min_samples_leaf": Constraint("integer", minimum=1),
         "max_depth": Constraint("integer", minimum=0),
     } for forest in FORESTS},
+    "linear": {"alpha": Constraint("number", exclusive_minimum=0)},
 }
 """Each family's checked hyperparameters; every one of Lightning's and the forests' is listed, and
 XGBoost's others (its booster takes many) go to the booster unchecked."""

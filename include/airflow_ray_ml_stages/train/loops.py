@@ -367,6 +367,47 @@ def forest_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None
                       "loop_timings": _rounded(timings)})
 
 
+def linear_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
+    """A linear model: ridge regression, or logistic regression (``C = 1 / alpha``) for classes.
+
+    Runs in the job's own process or a Ray Tune trial, on the CPU, fitted once (a trial reports its
+    end only); missing features come imputed (``feature_fill``). It writes ``linear.npz``
+    (:mod:`airflow_ray_ml_stages.models.linear`).
+    """
+    cfg = TrainLoopConfig.of(cfg)
+    context = loop_context(cfg, context)
+    announce_worker(cfg, 0)
+    timings, phase_started = {}, time.monotonic()
+    train_arrays = start_reading_train_split(cfg, 0, 1)  # while scikit-learn imports
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    from airflow_ray_ml_stages.models.linear import LINEAR_MODEL, linear_bytes, linear_predict
+
+    classes = None if cfg.class_priors is None else len(cfg.class_priors)
+    alpha = float(cfg.config["alpha"])
+    model = Ridge(alpha=alpha) if classes is None else LogisticRegression(C=1.0 / alpha, max_iter=2000)
+    val_x, val_y = split_arrays(cfg, "validation")
+    train_x, train_y = train_arrays()
+    timings["read_s"] = time.monotonic() - phase_started
+    phase_started = time.monotonic()
+    model.fit(train_x.astype(np.float64), train_y.astype(np.int64) if classes else train_y.astype(np.float64))
+    timings["fit_s"] = time.monotonic() - phase_started
+    phase_started = time.monotonic()
+    data = linear_bytes(model, classes)
+    evaluated = {"validation": (val_x, val_y)}
+    if "test" in context.evaluation_splits():
+        evaluated["test"] = split_arrays(cfg, "test")
+    for split, (x, y) in evaluated.items():
+        write_evaluation(cfg, split, y, linear_predict(data, x))
+    artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, LINEAR_MODEL), data)
+    timings["evaluate_s"] = time.monotonic() - phase_started
+    import sklearn
+
+    write_final(cfg, {"device": "cpu", "train_rows_per_worker": int(len(train_x)), "world_size": 1,
+                      "framework_versions": {"scikit-learn": sklearn.__version__},
+                      "loop_timings": _rounded(timings)})
+
+
 TRAIN_LOOPS = {"lightning": lightning_train_loop, "xgboost": xgboost_train_loop,
-               "extra_trees": forest_train_loop, "random_forest": forest_train_loop}
+               "extra_trees": forest_train_loop, "random_forest": forest_train_loop, "linear": linear_train_loop}
 """Each family's training loop."""

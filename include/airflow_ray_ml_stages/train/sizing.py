@@ -8,7 +8,7 @@ import os
 
 from airflow_ray_ml_stages.device import DeviceChoice, choose_device
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainSpec
-from airflow_ray_ml_stages.train.config import BUDGET_KEYS, ENSEMBLE, FORESTS
+from airflow_ray_ml_stages.train.config import ENSEMBLE, SKLEARN_FAMILIES, training_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ def plan_training(spec: TrainSpec, train_rows: int, other_rows: int) -> Training
                               cluster=compute.cluster, decided_in_s=compute.decided_in_s)
         return TrainingPlan(cpu, DeviceChoice(False, f"CPU: {reason}"), 0, reason, "direct")
     device = choose_device(compute, family=family, rows=train_rows, features=len(spec.feature_columns),
-                           iterations=config[BUDGET_KEYS[family]], accelerator=spec.accelerator)
+                           iterations=training_length(family, config), accelerator=spec.accelerator)
     if compute.use_gpu and not device.use_gpu:
         compute = ComputeSpec.cpu(device.reason, num_workers=compute.num_workers,
                                   cpus_per_worker=compute.cpus_per_worker, devices=compute.devices,
@@ -63,7 +63,7 @@ def plan_training(spec: TrainSpec, train_rows: int, other_rows: int) -> Training
     data_bytes = (train_rows + other_rows) * (len(spec.feature_columns) + 1) * 8
     num_workers, sizing_reason = plan_workers(spec, compute, train_rows, data_bytes)
     data_loading = spec.data_loading
-    if data_loading == "auto" or family in FORESTS:  # a forest reads its splits itself
+    if data_loading == "auto" or family in SKLEARN_FAMILIES:  # scikit-learn reads its splits itself
         data_loading = "ray_data" if num_workers and train_rows >= spec.scale_out_min_rows else "direct"
     return TrainingPlan(compute, device, num_workers, sizing_reason, data_loading)
 
@@ -88,11 +88,11 @@ def plan_workers(spec: TrainSpec, compute: ComputeSpec, train_rows: int, data_by
     Train worker fed by Ray Data does the job process's work plus both start-ups (measured on
     454,790 training rows: XGBoost 21.5 s against 2.5 s in the job's process), so while the splits
     (``data_bytes`` in memory) fit ``direct_max_bytes`` it trains in the job's process too. A forest
-    always trains in the job's process.
+    (or the linear model) always trains in the job's process.
     """
     family = spec.resolved_config()["family"]
-    if family in FORESTS:
-        return 0, f"a {family} forest trains in one process (scikit-learn's trees use its cores), never on Ray Train"
+    if family in SKLEARN_FAMILIES:
+        return 0, f"scikit-learn's {family} trains in one process (using its cores), never on Ray Train"
     if spec.num_workers is not None:
         return spec.num_workers, f"num_workers={spec.num_workers} set in the spec"
     if train_rows < spec.scale_out_min_rows:
