@@ -80,12 +80,12 @@ DEFAULT_SEARCH_SPACE: dict[str, Any] = {
     "extra_trees": {
         "max_features": {"uniform": [0.3, 1.0]},
         "min_samples_leaf": {"randint": [1, 6]},
-        "n_estimators": 200,
+        "n_estimators": 100,
     },
     "random_forest": {
         "max_features": {"uniform": [0.2, 0.8]},
         "min_samples_leaf": {"randint": [1, 6]},
-        "n_estimators": 200,
+        "n_estimators": 100,
     },
     "linear": {"alpha": {"loguniform": [1e-3, 100.0]}},
 }

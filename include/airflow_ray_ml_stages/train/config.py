@@ -45,7 +45,7 @@ XGBOOST_DEFAULTS: dict[str, Any] = {
 """XGBoost booster parameters used where the config does not name them."""
 
 EXTRA_TREES_DEFAULTS: dict[str, Any] = {
-    "n_estimators": 200,
+    "n_estimators": 100,
     "max_features": 1.0,
     "min_samples_leaf": 1,
     "max_depth": 0,
