@@ -148,7 +148,7 @@ def test_trigger_form_as_a_person_fills_it_runs_and_every_task_accepts_the_conf(
     form.locator("#element_source").fill("/data/red.csv\n\n/data/white.csv\n")
     _number(form, "label_min").fill("9")  # the range the wrong way round
     _number(form, "label_max").fill("3")
-    form.locator("#element_families").get_by_label("Remove lightning").click()  # the trees only
+    form.locator("#element_families").get_by_label("Remove lightning").click()  # the trees and the linear model
     _open_section(form, "Search")
     form.locator("#element_searcher").get_by_label("Clear selected options").click()  # a cleared select
     expect(form.get_by_text("This field is required")).to_be_visible()
@@ -162,13 +162,14 @@ def test_trigger_form_as_a_person_fills_it_runs_and_every_task_accepts_the_conf(
     conf = _the_run(api_server)["conf"]
     assert conf["source"] == ["/data/red.csv", "", "/data/white.csv", ""]
     assert (conf["label_min"], conf["label_max"]) == (9, 3)
-    assert conf["families"] == ["xgboost", "extra_trees", "random_forest"]
+    assert conf["families"] == ["xgboost", "extra_trees", "random_forest", "linear"]
     assert conf["searcher"] == "optuna" and conf["time_budget_s"] is None
     allow_sources(monkeypatch, "/data")  # the files lie under the allowed sources (airflow_ray_ml.confine)
     built = build_tasks(dag, conf, str(tmp_path))
     assert built["preprocess"]["source"] == ["/data/red.csv", "/data/white.csv"]
     assert built["preprocess"]["label_range"] == [3, 9]
-    assert built["tune"]["search_space"]["family"] == {"choice": ["xgboost", "extra_trees", "random_forest"]}
+    assert built["tune"]["search_space"]["family"] == {"choice": ["xgboost", "extra_trees", "random_forest",
+                                                                  "linear"]}
     assert "lightning" not in built["tune"]["search_space"]
     assert built["tune"]["searcher"] == "optuna" and built["tune"]["time_budget_s"] is None
 
