@@ -446,7 +446,10 @@ def raw_split_rows(split_uri: str, preprocessor: Preprocessor,
     table = ds.dataset(path, filesystem=filesystem, format="parquet").to_table()
     frame = (table if limit is None else table.slice(0, limit)).to_pandas()
     labels = frame[preprocessor.label_column].tolist()
-    return inverse_transform(preprocessor, frame).to_dict(orient="records"), labels
+    raw = inverse_transform(preprocessor, frame)
+    # a missing value (NaN in the splits, nan_policy impute) is JSON's null, as a client sends it
+    raw = raw.astype(object).where(raw.notna(), None)
+    return raw.to_dict(orient="records"), labels
 
 
 def feature_fill(preprocessor_uri: str | None, feature_columns: list[str]) -> list[float] | None:

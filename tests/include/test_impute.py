@@ -119,6 +119,20 @@ def test_the_served_model_imputes_a_null_as_training_did(imputing_model):
     assert problems[0]["msg"] == "must be a number or null, got 'four'"
 
 
+def test_a_splits_rows_go_to_the_endpoint_with_null_for_a_missing_value(imputing_model):
+    """What the deploy's smoke test and make run's sample send: a split's rows, raw, as JSON (NaN is not JSON)."""
+    from airflow_ray_ml_stages.preprocessor import raw_split_rows
+    from airflow_ray_ml_stages.serve import LoadedModel
+
+    model_dir, _, folder = imputing_model
+    loaded = LoadedModel.load(model_dir)
+    rows, labels = raw_split_rows(str(folder / "data" / "splits" / "split=test"), loaded.preprocessor)
+    assert len(rows) == len(labels) and any(row["x"] is None for row in rows) and any(row["c"] is None for row in rows)
+    json.dumps(rows, allow_nan=False)  # what requests does with json=
+    frame, problems = loaded.check_body({"instances": rows})
+    assert problems == [] and np.isfinite(loaded.predict_frame(frame)).all()
+
+
 def test_batch_scoring_imputes_as_the_model_was_trained_or_drops_and_counts(imputing_model, tmp_path):
     from airflow_ray_ml_stages.score import run_scoring
 
