@@ -377,6 +377,11 @@ def report_leaderboard(client: AirflowClient, run_id: str, top: int = 5) -> None
     tuned = _xcom(client, run_id, "tune")
     if not isinstance(tuned, dict) or not tuned.get("leaderboard_json_uri"):
         return
+    print_leaderboard(tuned, top)
+
+
+def print_leaderboard(tuned: dict, top: int = 5) -> None:
+    """Print the first ``top`` rows of the leaderboard a tune XCom names (an ensemble's row by its members)."""
     from airflow_ray_ml_stages import artifacts
 
     rows = artifacts.read_json(tuned["leaderboard_json_uri"])
@@ -387,13 +392,15 @@ def report_leaderboard(client: AirflowClient, run_id: str, top: int = 5) -> None
     from airflow_ray_ml_stages.metrics import TASK_METRICS, task_of_metric
 
     first, second = [f"val_{name}" for name in TASK_METRICS[task_of_metric(tuned["metric"])]][:2]
-    print(f"{'rank':>4} {'family':<10} {'scaler':<9} {first:>12} {second:>12} {'status':<14} config")
+    print(f"{'rank':>4} {'family':<13} {'scaler':<9} {first:>12} {second:>12} {'status':<14} config")
     for row in rows[:top]:
         metrics = row.get("metrics") or {}
         config = {k: v for k, v in (row.get("config") or {}).items() if k not in ("family", "scaler")}
-        print(f"{row.get('rank', ''):>4} {row.get('family', ''):<10} {row.get('scaler', ''):<9} "
+        if row.get("family") == "ensemble":  # its members' trials and weights, not their whole configs
+            config = {member["trial_id"]: round(member["weight"], 2) for member in config.get("members", [])}
+        print(f"{row.get('rank') or '':>4} {row.get('family') or '':<13} {row.get('scaler') or '-':<9} "
               f"{metrics.get(first, float('nan')):>12.4f} {metrics.get(second, float('nan')):>12.4f} "
-              f"{row.get('status', ''):<14} {json.dumps(config, sort_keys=True)[:90]}")
+              f"{row.get('status') or '':<14} {json.dumps(config, sort_keys=True)[:90]}")
     print(f"leaderboard: {tuned['leaderboard_csv_uri']}\nplot: {tuned['plot_uri']}")
 
 
