@@ -122,6 +122,13 @@ def makedirs(uri: str) -> None:
     filesystem.create_dir(path, recursive=True)
 
 
+def list_files(uri: str) -> list[str]:
+    """The names of the files directly in the directory ``uri``, sorted ([] where it does not exist)."""
+    filesystem, path = resolve(uri)
+    found = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(os.path.basename(info.path) for info in found if info.type == pafs.FileType.File)
+
+
 def exists(uri: str) -> bool:
     filesystem, path = resolve(uri)
     return filesystem.get_file_info(path).type != pafs.FileType.NotFound

@@ -17,7 +17,6 @@ endpoint, batch scoring, the gate and rollback treat it as any other model direc
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import numpy as np
@@ -77,14 +76,6 @@ def select_ensemble(labels: np.ndarray, predictions: dict[str, np.ndarray], task
     return Selection(weights, task_metrics(task, labels, averaged), best_round)
 
 
-def _files(uri: str) -> list[str]:
-    from pyarrow import fs as pafs
-
-    filesystem, path = artifacts.resolve(uri)
-    found = filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    return sorted(os.path.basename(info.path) for info in found if info.type == pafs.FileType.File)
-
-
 def assemble(members: list[dict[str, Any]], target: str, preprocessor_uri: str | None) -> list[dict[str, Any]]:
     """Copy each member's model directory under ``target/members/<i>/`` and the ensemble's preprocessor.
 
@@ -100,7 +91,7 @@ def assemble(members: list[dict[str, Any]], target: str, preprocessor_uri: str |
     listed = []
     for index, member in enumerate(members):
         source, directory = member["model_dir"], f"{MEMBERS_DIR}/{index}"
-        names = _files(source)
+        names = artifacts.list_files(source)
         if "model_card.json" not in names:
             raise ArtifactError(f"ensemble member {index} ({source!r}) is not a model directory: it has no "
                                 f"model_card.json (files: {names})")

@@ -64,18 +64,10 @@ def read_evaluation(artifact_dir: str, split: str) -> tuple[np.ndarray, np.ndarr
         return data["y_true"], data["y_pred"]
 
 
-def _list_files(uri: str) -> list[str]:
-    from pyarrow import fs as pafs
-
-    filesystem, path = artifacts.resolve(uri)
-    selector = pafs.FileSelector(path, allow_not_found=True)
-    return [info.path for info in filesystem.get_file_info(selector) if info.type == pafs.FileType.File]
-
-
 def worker_record_uris(artifact_dir: str) -> list[str]:
     """URIs of the worker records (one per worker process start) under the run's artifacts."""
     base = artifacts.join(artifact_dir, WORKERS_DIR)
-    return [artifacts.join(base, os.path.basename(path)) for path in _list_files(base)]
+    return [artifacts.join(base, name) for name in artifacts.list_files(base)]
 
 
 def run_name(artifact_dir: str) -> str:
