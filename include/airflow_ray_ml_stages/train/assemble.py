@@ -13,8 +13,6 @@ import time
 import uuid
 from datetime import datetime, timezone
 
-import numpy as np
-
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.ensemble import assemble
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, task_metrics
@@ -24,17 +22,9 @@ from airflow_ray_ml_stages.preprocessor import input_types_of
 from airflow_ray_ml_stages.specs import TrainResult, TrainSpec
 from airflow_ray_ml_stages.train.finish import baseline_metrics
 from airflow_ray_ml_stages.train.run_dir import write_split_evaluation
-from airflow_ray_ml_stages.train.splits import ParquetSplit, label_stats
+from airflow_ray_ml_stages.train.splits import label_stats, read_split
 
 log = logging.getLogger("airflow_ray_ml_stages.train")
-
-
-def _split(spec: TrainSpec, uri: str) -> tuple[np.ndarray, np.ndarray]:
-    columns = [*spec.feature_columns, spec.label_column]
-    table = ParquetSplit(uri, columns).to_table(columns=columns)
-    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32)
-                         for c in spec.feature_columns])
-    return x, table.column(spec.label_column).to_numpy(zero_copy_only=False).astype(np.float32)
 
 
 def run_assembly(spec: TrainSpec, started: float) -> TrainResult:
@@ -55,7 +45,7 @@ def run_assembly(spec: TrainSpec, started: float) -> TrainResult:
     fit_started = time.monotonic()
     metrics, test_labels = {}, None
     for split, uri in (("validation", spec.validation_uri), ("test", spec.test_uri)):
-        x, y = _split(spec, uri)
+        x, y = read_split(uri, list(spec.feature_columns), spec.label_column)
         predicted = model.predict(x)
         write_split_evaluation(spec.artifact_dir, split, y, predicted)
         metrics[split] = task_metrics(spec.task, y, predicted)

@@ -117,14 +117,19 @@ def split_arrays(cfg: TrainLoopConfig, split: str, rank: int = 0, world_size: in
     if cfg.data_loading == "ray_data" and split == "train":
         x, y = shard_arrays(_train_shard(), features, label)
         return _map_features(cfg, x), y
-    table = ParquetSplit(cfg.uris[split], [*features, label]).to_table(columns=[*features, label])
-    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in features])
-    y = table.column(label).to_numpy(zero_copy_only=False).astype(np.float32)
+    x, y = read_split(cfg.uris[split], features, label)
     x = _map_features(cfg, x)
     if split == "train" and world_size > 1:
         rows = len(x) // world_size
         return x[rank::world_size][:rows], y[rank::world_size][:rows]
     return x, y
+
+
+def read_split(uri: str, features: list[str], label: str) -> tuple[np.ndarray, np.ndarray]:
+    """A split's features and label as float32 arrays, read directly (columns in ``features`` order)."""
+    table = ParquetSplit(uri, [*features, label]).to_table(columns=[*features, label])
+    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in features])
+    return x, table.column(label).to_numpy(zero_copy_only=False).astype(np.float32)
 
 
 def _train_shard():
