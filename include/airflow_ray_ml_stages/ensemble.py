@@ -76,6 +76,24 @@ def select_ensemble(labels: np.ndarray, predictions: dict[str, np.ndarray], task
     return Selection(weights, task_metrics(task, labels, averaged), best_round)
 
 
+def member_dir(index: int) -> str:
+    """Where member ``index`` lies in an ensemble's directory (its card's ``dir``)."""
+    return f"{MEMBERS_DIR}/{index}"
+
+
+def ensemble_card(data: Any, members: list[dict[str, Any]], **fields: Any):
+    """The card of an ensemble directory for ``data`` (a TuneSpec or TrainSpec: its columns, task,
+    classes, seed, fingerprint and preprocessor) and its listed ``members``; ``fields``: the rest."""
+    from airflow_ray_ml_stages.model_card import ModelCard
+    from airflow_ray_ml_stages.models import PREPROCESSOR
+    from airflow_ray_ml_stages.train.config import ENSEMBLE
+
+    return ModelCard(family=ENSEMBLE, feature_columns=list(data.feature_columns), label_column=data.label_column,
+                     task=data.task, classes=data.classes, config={"members": members}, seed=data.seed,
+                     data_fingerprint=data.data_fingerprint,
+                     preprocessor=PREPROCESSOR if data.preprocessor_uri else None, **fields)
+
+
 def assemble(members: list[dict[str, Any]], target: str, preprocessor_uri: str | None) -> list[dict[str, Any]]:
     """Copy each member's model directory under ``target/members/<i>/`` and the ensemble's preprocessor.
 
@@ -90,7 +108,7 @@ def assemble(members: list[dict[str, Any]], target: str, preprocessor_uri: str |
 
     listed = []
     for index, member in enumerate(members):
-        source, directory = member["model_dir"], f"{MEMBERS_DIR}/{index}"
+        source, directory = member["model_dir"], member_dir(index)
         names = artifacts.list_files(source)
         if "model_card.json" not in names:
             raise ArtifactError(f"ensemble member {index} ({source!r}) is not a model directory: it has no "

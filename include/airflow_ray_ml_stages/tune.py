@@ -40,7 +40,7 @@ from airflow_ray_ml_stages.capacity import (
 )
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.device import choose_device
-from airflow_ray_ml_stages.ensemble import assemble, select_ensemble
+from airflow_ray_ml_stages.ensemble import assemble, ensemble_card, select_ensemble
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
@@ -564,11 +564,9 @@ def write_ensemble_dir(spec: TuneSpec, row: dict[str, Any]) -> str:
     """The ensemble's model directory under the search's (its members copied, a validation-only card)."""
     model_dir = artifacts.join(spec.artifact_dir, ENSEMBLE, "model")
     listed = assemble(row["config"]["members"], model_dir, spec.preprocessor_uri)
-    ModelCard(family=ENSEMBLE, feature_columns=list(spec.feature_columns), label_column=spec.label_column,
-              task=spec.task, classes=spec.classes, config={"members": listed},
-              metrics={"validation": {name.removeprefix("val_"): value for name, value in row["metrics"].items()}},
-              seed=spec.seed, data_fingerprint=spec.data_fingerprint,
-              preprocessor=PREPROCESSOR if spec.preprocessor_uri else None, trial_id=ENSEMBLE).write(model_dir)
+    ensemble_card(spec, listed, trial_id=ENSEMBLE,
+                  metrics={"validation": {name.removeprefix("val_"): value for name, value in row["metrics"].items()}}
+                  ).write(model_dir)
     return model_dir
 
 

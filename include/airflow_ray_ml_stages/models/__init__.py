@@ -191,6 +191,7 @@ class EnsembleModel:
 
 
 def _load_ensemble(model_dir: str, card: ModelCard) -> EnsembleModel:
+    from airflow_ray_ml_stages.ensemble import member_dir
     from airflow_ray_ml_stages.errors import ArtifactError
     from airflow_ray_ml_stages.preprocessor import Preprocessor, feature_affine
 
@@ -201,16 +202,16 @@ def _load_ensemble(model_dir: str, card: ModelCard) -> EnsembleModel:
     loaded = []
     for index, member in enumerate(members):
         directory = member.get("dir") if isinstance(member, dict) else None
-        if directory != f"members/{index}" or not isinstance(member.get("weight"), (int, float)):
+        if directory != member_dir(index) or not isinstance(member.get("weight"), (int, float)):
             raise ArtifactError(f"the ensemble card of {model_dir!r} lists member {index} as {member!r}; expected "
-                                f"dir 'members/{index}' and a weight")
-        member_dir = artifacts.join(model_dir, directory)
-        model = load_model(member_dir)
+                                f"dir {member_dir(index)!r} and a weight")
+        member_path = artifacts.join(model_dir, directory)
+        model = load_model(member_path)
         if model.family == ENSEMBLE or model.card.feature_columns != card.feature_columns:
-            raise ArtifactError(f"ensemble member {member_dir!r} is an ensemble or takes other features")
+            raise ArtifactError(f"ensemble member {member_path!r} is an ensemble or takes other features")
         affine = None
         if top is not None and model.card.preprocessor:
-            own = Preprocessor.load(artifacts.join(member_dir, PREPROCESSOR))
+            own = Preprocessor.load(artifacts.join(member_path, PREPROCESSOR))
             if own.scaler != top.scaler:
                 affine = feature_affine(top, own, list(card.feature_columns))
         loaded.append((float(member["weight"]), model, affine))

@@ -14,10 +14,9 @@ import uuid
 from datetime import datetime, timezone
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.ensemble import assemble
+from airflow_ray_ml_stages.ensemble import assemble, ensemble_card
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, task_metrics
-from airflow_ray_ml_stages.model_card import ModelCard
-from airflow_ray_ml_stages.models import PREPROCESSOR, load_model
+from airflow_ray_ml_stages.models import load_model
 from airflow_ray_ml_stages.preprocessor import input_types_of
 from airflow_ray_ml_stages.specs import TrainResult, TrainSpec
 from airflow_ray_ml_stages.train.finish import baseline_metrics
@@ -37,10 +36,7 @@ def run_assembly(spec: TrainSpec, started: float) -> TrainResult:
     card_config = {"members": listed}
     model_version = f"ensemble-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     # A provisional card lets load_model read the members; the final one adds the metrics.
-    fields = dict(family="ensemble", feature_columns=list(spec.feature_columns), label_column=spec.label_column,
-                  task=spec.task, classes=spec.classes, config=card_config, seed=spec.seed,
-                  data_fingerprint=spec.data_fingerprint, preprocessor=PREPROCESSOR if spec.preprocessor_uri else None)
-    ModelCard(**fields, metrics={}).write(model_dir)
+    ensemble_card(spec, listed, metrics={}).write(model_dir)
     model = load_model(model_dir)
     fit_started = time.monotonic()
     metrics, test_labels = {}, None
@@ -65,10 +61,10 @@ def run_assembly(spec: TrainSpec, started: float) -> TrainResult:
     for _, member, _ in model.members:
         versions.update(member.card.framework_versions or {})
     input_types = input_types_of(artifacts.read_bytes(spec.preprocessor_uri)) if spec.preprocessor_uri else None
-    ModelCard(**fields, metrics=metrics, model_version=model_version,
-              trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), baseline=baseline,
-              compute=compute_used, training=training, framework_versions=versions or None,
-              input_types=input_types).write(model_dir)
+    ensemble_card(spec, listed, metrics=metrics, model_version=model_version,
+                  trained_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), baseline=baseline,
+                  compute=compute_used, training=training, framework_versions=versions or None,
+                  input_types=input_types).write(model_dir)
     metric = DEFAULT_METRIC[spec.task]
     log.info("assembled ensemble %s of %s: test %s %.4f (baseline %.4f), validation %s %.4f", model_version,
              ", ".join(f"{member.get('trial_id', member['dir'])} ({member.get('family')}) x {member['weight']:.2f}"
