@@ -23,8 +23,8 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.metrics import task_metrics
+from airflow_ray_ml_stages.models import PREPROCESSOR, member_dir
 
-MEMBERS_DIR = "members"
 SELECTION_ROUNDS = 25
 """Rounds of selection by default (TuneSpec's ``ensemble_size``): AutoGluon's default is 25 too."""
 
@@ -76,16 +76,10 @@ def select_ensemble(labels: np.ndarray, predictions: dict[str, np.ndarray], task
     return Selection(weights, task_metrics(task, labels, averaged), best_round)
 
 
-def member_dir(index: int) -> str:
-    """Where member ``index`` lies in an ensemble's directory (its card's ``dir``)."""
-    return f"{MEMBERS_DIR}/{index}"
-
-
 def ensemble_card(data: Any, members: list[dict[str, Any]], **fields: Any):
     """The card of an ensemble directory for ``data`` (a TuneSpec or TrainSpec: its columns, task,
     classes, seed, fingerprint and preprocessor) and its listed ``members``; ``fields``: the rest."""
     from airflow_ray_ml_stages.model_card import ModelCard
-    from airflow_ray_ml_stages.models import PREPROCESSOR
     from airflow_ray_ml_stages.train.config import ENSEMBLE
 
     return ModelCard(family=ENSEMBLE, feature_columns=list(data.feature_columns), label_column=data.label_column,
@@ -104,7 +98,6 @@ def assemble(members: list[dict[str, Any]], target: str, preprocessor_uri: str |
     :return: the members as the ensemble's card lists them: ``dir`` (relative) instead of ``model_dir``.
     """
     from airflow_ray_ml_stages.errors import ArtifactError
-    from airflow_ray_ml_stages.models import PREPROCESSOR
 
     listed = []
     for index, member in enumerate(members):

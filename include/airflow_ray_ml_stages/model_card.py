@@ -32,7 +32,7 @@ class ModelCard:
     """``model_card.json``; fields after ``preprocessor`` are None where the writer had nothing to say."""
 
     family: str
-    """``lightning``, ``xgboost``, ``extra_trees``, ``random_forest`` or ``ensemble``."""
+    """``lightning``, ``xgboost``, ``extra_trees``, ``random_forest``, ``linear`` or ``ensemble``."""
     feature_columns: list[str]
     """The model's inputs after preprocessing, in order."""
     label_column: str

@@ -189,7 +189,6 @@ class BatchScorer:
             out[column] = predicted[:, index]
         return out
 
-
     def _added(self) -> list[str]:
         classes = self.model.card.classes
         return [self.prediction_column, *(probability_columns(classes) if classes is not None else [])]

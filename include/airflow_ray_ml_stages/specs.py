@@ -461,9 +461,9 @@ class TrainSpec(PreprocessedData):
     The data fields (splits, columns, classes, preprocessor, fingerprint) are :class:`PreprocessedData`'s.
 
     :param test_uri: the held-out test split (the model card's test metrics).
-    :param config: ``family`` (``lightning``, ``xgboost``, ``extra_trees`` or ``random_forest``) and
-        hyperparameters; a RayTune best config can be passed as is. Missing hyperparameters take the
-        family's defaults.
+    :param config: ``family`` (``lightning``, ``xgboost``, ``extra_trees``, ``random_forest`` or
+        ``linear``) and hyperparameters, or an ensemble's (family ``ensemble``, its ``members``); a
+        RayTune best config can be passed as is. Missing hyperparameters take the family's defaults.
     :param compute: the GPU probe's compute spec (``ComputeSpec`` as a dict); default: one CPU worker.
     :param accelerator: ``auto``: GPU or CPU from the probe's answer and the size of the work
         (:func:`airflow_ray_ml_stages.device.choose_device`); ``gpu``: the GPU whenever the probe
@@ -555,7 +555,7 @@ class TrainResult(JsonDataclass):
     """What the ``train`` stage returns (flattened into its manifest and the XCom).
 
     :param model_dir: URI of the model directory (model card, checkpoint, preprocessor).
-    :param family: ``lightning``, ``xgboost``, ``extra_trees`` or ``random_forest``.
+    :param family: ``lightning``, ``xgboost``, ``extra_trees``, ``random_forest``, ``linear`` or ``ensemble``.
     :param metrics: ``{"validation": {...}, "test": {...}}``, the task's metrics: rmse, mae,
         acc_0_5, acc_1_0 (regression) or log_loss, accuracy, macro_f1 (classification).
     :param baseline: the test metrics of a model that ignores the features (see ``ModelCard.baseline``).

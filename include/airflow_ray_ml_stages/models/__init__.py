@@ -36,6 +36,7 @@ PREPROCESSOR = "preprocessor.json"
 TORCH_WEIGHTS = "model.pt"
 TORCH_CONFIG = "model_config.json"
 XGBOOST_MODEL = "model.ubj"
+MEMBERS_DIR = "members"
 _XGBOOST_REFUSED = {"[": "%5B", "]": "%5D", "<": "%3C"}
 
 
@@ -121,21 +122,22 @@ class XGBoostModel:
         return predicted
 
 
-class ForestModel:
-    """A trained scikit-learn forest, read from its arrays (:class:`~airflow_ray_ml_stages.models.forest.ForestTrees`)."""
+class ArrayModel:
+    """A trained scikit-learn family read from plain arrays: a forest's trees
+    (:class:`~airflow_ray_ml_stages.models.forest.ForestTrees`) or a linear model's coefficients
+    (:class:`~airflow_ray_ml_stages.models.linear.LinearWeights`), each checking it fits the card's features."""
 
-    def __init__(self, card: ModelCard, trees, fill: list[float] | None = None) -> None:
+    def __init__(self, card: ModelCard, weights, fill: list[float] | None = None) -> None:
         self.card = card
         self.family = card.family
-        self.trees = trees
+        self.weights = weights
         self.fill = fill  # a missing feature's value (see fill_missing)
-        if trees.n_features_needed > len(card.feature_columns):
-            raise ValueError(f"the forest reads feature {trees.n_features_needed - 1}, but the card lists "
-                             f"{len(card.feature_columns)} feature columns")
+        weights.check_features(len(card.feature_columns))
 
     def predict(self, features: Any) -> np.ndarray:
-        predicted = self.trees.predict(fill_missing(_as_features(features, len(self.card.feature_columns)), self.fill))
-        return predicted if self.card.task == "classification" else predicted[:, 0]
+        predicted = self.weights.predict(fill_missing(_as_features(features, len(self.card.feature_columns)),
+                                                      self.fill))
+        return predicted if self.card.task == "classification" else predicted.reshape(-1)
 
 
 def load_xgboost_booster(data: bytes):
@@ -153,21 +155,9 @@ def load_torch_state_dict(data: bytes) -> dict:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-class LinearModel:
-    """A trained ridge or logistic regression, read from its coefficients."""
-
-    family = "linear"
-
-    def __init__(self, card: ModelCard, weights, fill: list[float] | None = None) -> None:
-        self.card = card
-        self.weights = weights
-        self.fill = fill  # a missing feature's value (see fill_missing)
-        if weights.n_features != len(card.feature_columns):
-            raise ValueError(f"the linear model takes {weights.n_features} features, but the card lists "
-                             f"{len(card.feature_columns)} feature columns")
-
-    def predict(self, features: Any) -> np.ndarray:
-        return self.weights.predict(fill_missing(_as_features(features, len(self.card.feature_columns)), self.fill))
+def member_dir(index: int) -> str:
+    """Where member ``index`` lies in an ensemble's directory (its card's ``dir``)."""
+    return f"{MEMBERS_DIR}/{index}"
 
 
 class EnsembleModel:
@@ -191,7 +181,6 @@ class EnsembleModel:
 
 
 def _load_ensemble(model_dir: str, card: ModelCard) -> EnsembleModel:
-    from airflow_ray_ml_stages.ensemble import member_dir
     from airflow_ray_ml_stages.errors import ArtifactError
     from airflow_ray_ml_stages.preprocessor import Preprocessor, feature_affine
 
@@ -218,7 +207,7 @@ def _load_ensemble(model_dir: str, card: ModelCard) -> EnsembleModel:
     return EnsembleModel(card, loaded)
 
 
-def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel | LinearModel | EnsembleModel:
+def load_model(model_dir: str) -> LightningModel | XGBoostModel | ArrayModel | EnsembleModel:
     """Load a model directory (local path or ``s3://``/``gs://`` URI) written by the train stage."""
     card = ModelCard.read(model_dir)
     if card.family == ENSEMBLE:
@@ -229,11 +218,11 @@ def load_model(model_dir: str) -> LightningModel | XGBoostModel | ForestModel | 
     if card.family == "linear":
         from airflow_ray_ml_stages.models.linear import LINEAR_MODEL, LinearWeights
 
-        return LinearModel(card, LinearWeights(artifacts.read_bytes(artifacts.join(model_dir, LINEAR_MODEL))), fill)
+        return ArrayModel(card, LinearWeights(artifacts.read_bytes(artifacts.join(model_dir, LINEAR_MODEL))), fill)
     if card.family in FORESTS:
         from airflow_ray_ml_stages.models.forest import FOREST_MODEL, ForestTrees
 
-        return ForestModel(card, ForestTrees(artifacts.read_bytes(artifacts.join(model_dir, FOREST_MODEL))), fill)
+        return ArrayModel(card, ForestTrees(artifacts.read_bytes(artifacts.join(model_dir, FOREST_MODEL))), fill)
     if card.family == "lightning":
         config = artifacts.read_json(artifacts.join(model_dir, TORCH_CONFIG))
         state = load_torch_state_dict(artifacts.read_bytes(artifacts.join(model_dir, TORCH_WEIGHTS)))

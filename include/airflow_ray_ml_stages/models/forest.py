@@ -94,6 +94,12 @@ class ForestTrees:
         inner = self.left >= 0
         return int(self.feature[inner].max()) + 1 if inner.any() else 0
 
+    def check_features(self, count: int) -> None:
+        """ValueError where the trees read a feature beyond ``count``."""
+        if self.n_features_needed > count:
+            raise ValueError(f"the forest reads feature {self.n_features_needed - 1}, but the card lists {count} "
+                             "feature columns")
+
     @property
     def trees(self) -> int:
         return len(self.roots)

@@ -63,6 +63,12 @@ class LinearWeights:
     def n_features(self) -> int:
         return self.coef.shape[1]
 
+    def check_features(self, count: int) -> None:
+        """ValueError where the coefficients are not one per feature of ``count``."""
+        if self.n_features != count:
+            raise ValueError(f"the linear model takes {self.n_features} features, but the card lists {count} "
+                             "feature columns")
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         scores = np.asarray(features, dtype=np.float64) @ self.coef.T + self.intercept
         if self.kind == REGRESSION:
