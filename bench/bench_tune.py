@@ -8,7 +8,7 @@ manifest. One warm-up job runs first so the package upload is not counted.
 
 Usage::
 
-    python bench/bench_tune.py [--samples 16] [--searcher random|optuna]
+    python bench/bench_tune.py [--samples 16] [--searcher random|adaptive|optuna]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 import airflow_ray_ml_stages  # noqa: E402
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
+from airflow_ray_ml_stages.specs import SEARCHERS  # noqa: E402
 from scripts.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
 from tests.train_data import write_preprocessed  # noqa: E402
 
@@ -61,7 +62,8 @@ def main() -> None:
     interrupt_on_termination()  # a timeout's SIGTERM still runs the finally that stops the cluster
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=16)
-    parser.add_argument("--searcher", default="random", choices=["random", "optuna"])
+    # random by default: the adaptive searcher's trials depend on the results, which ASHA changes
+    parser.add_argument("--searcher", default="random", choices=list(SEARCHERS))
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--new-actor-per-trial", action="store_true", help="reuse_actors=False")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of (none, asha), alternating the order")

@@ -182,7 +182,8 @@ with DAG(
         "deploy": Param(True, type="boolean", title="Deploy if better",
                         description="Promote the model to Ray Serve if it beats the served one"),
         "searcher": Param(TuneSpec.searcher, type="string", enum=list(SEARCHERS), title="Searcher",
-                          section="Search", description="Random search, or Optuna's TPE (model-based)"),
+                          section="Search", description="adaptive: random hyperparameters, most trials for the family "
+                                                         "that is winning; random search; or Optuna's TPE"),
         "time_budget_s": Param(900, type=["null", "number"], minimum=10, title="Time budget (s)", section="Search",
                                description="Stop the search after this many seconds; empty: no limit"),
         "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, title="Lightning epochs",

@@ -654,7 +654,7 @@ class ScoreResult(JsonDataclass):
     rows_dropped: int = 0
 
 
-SEARCHERS = ("random", "optuna")
+SEARCHERS = ("adaptive", "random", "optuna")
 TUNE_SCHEDULERS = ("asha", "none")
 TUNE_METRICS = {f"val_{name}": mode for metrics in TASK_METRICS.values() for name, mode in metrics.items()}
 """The metrics a search can optimise (on the validation split) and their direction; each task takes its own."""
@@ -672,13 +672,16 @@ class TuneSpec(PreprocessedData):
         ``val_acc_0_5``, ``val_acc_1_0`` (regression), ``val_log_loss``, ``val_accuracy``,
         ``val_macro_f1`` (classification); its direction follows. None: ``val_rmse`` for regression,
         ``val_log_loss`` for classification.
-    :param searcher: ``random`` (Ray Tune's random/grid search) or ``optuna`` (Optuna's TPE).
-    :param start_configs: configs the random search runs first, before it samples (Ray Tune's
-        ``points_to_evaluate``; they count toward ``num_samples``): each a train config of a family the
-        space picks, with ``scaler`` (default: the space's first) and any hyperparameters (those it
-        does not name are sampled). None: ``DEFAULT_START_CONFIGS`` of the space's families (XGBoost,
-        ExtraTrees and the random forest with their defaults), none for a space with grid domains;
-        ``[]``: none. With ``searcher`` ``optuna`` it must be None or ``[]``.
+    :param searcher: ``adaptive`` (random hyperparameters, each trial's family drawn by the families'
+        results so far: :mod:`airflow_ray_ml_stages.family_search`; a space with grid domains is
+        searched as ``random`` searches it), ``random`` (Ray Tune's random/grid search) or
+        ``optuna`` (Optuna's TPE).
+    :param start_configs: configs the adaptive and random searches run first, before they sample
+        (Ray Tune's ``points_to_evaluate``; they count toward ``num_samples``): each a train config of
+        a family the space picks, with ``scaler`` (default: the space's first) and any hyperparameters
+        (those it does not name are sampled). None: ``DEFAULT_START_CONFIGS`` of the space's families
+        (XGBoost, ExtraTrees, the random forest and the linear model with their defaults), none for a
+        space with grid domains; ``[]``: none. With ``searcher`` ``optuna`` it must be None or ``[]``.
     :param scheduler: ``asha`` (early stopping of poor trials) or ``none`` (every trial runs to its end).
     :param num_samples: trials to run (times the grid's size, where the space has grid domains).
     :param max_concurrent_trials: trials at once; None: as many as the CPUs free when the search
@@ -715,7 +718,7 @@ class TuneSpec(PreprocessedData):
     stage: ClassVar[str] = "tune"
     search_space: dict[str, Any] | None = None
     metric: str | None = None
-    searcher: str = "random"
+    searcher: str = "adaptive"
     start_configs: list[dict[str, Any]] | None = None
     scheduler: str = "asha"
     num_samples: int = 16
@@ -762,8 +765,8 @@ class TuneSpec(PreprocessedData):
             raise SpecError(f"{owner}.start_configs must be a list of train configs, [] or null, got "
                             f"{self.start_configs!r}")
         if self.searcher == "optuna" and self.start_configs:
-            raise SpecError(f"{owner}.start_configs are run by searcher 'random'; Optuna's TPE starts from samples "
-                            "of its own: give searcher 'random', or start_configs [] or null")
+            raise SpecError(f"{owner}.start_configs are run by searchers 'adaptive' and 'random'; Optuna's TPE starts "
+                            "from samples of its own: give searcher 'adaptive', or start_configs [] or null")
         self.start_points()
         asked = [scaler for scaler in space.scalers if scaler is not None]
         if asked and self.preprocessor_uri is None:
@@ -786,7 +789,7 @@ class TuneSpec(PreprocessedData):
         from airflow_ray_ml_stages.search_space import DEFAULT_START_CONFIGS
 
         space = self.space()
-        if self.searcher != "random":
+        if self.searcher == "optuna":
             return []
         if self.start_configs is None:
             configs = [] if space.has_grid else [c for c in DEFAULT_START_CONFIGS if c["family"] in space.families]
@@ -812,7 +815,7 @@ class TuneResult(JsonDataclass):
     :param leaderboard_csv_uri: the same rows, flattened.
     :param plot_uri: PNG: the metric of every trial over time, with the best-so-far line.
     :param trials: counts: ``total``, ``completed``, ``failed``, ``early_stopped``.
-    :param searcher: ``random`` or ``optuna``; ``scheduler``: ``asha`` or ``none``.
+    :param searcher: ``adaptive``, ``random`` or ``optuna``; ``scheduler``: ``asha`` or ``none``.
     :param time_s: the search's wall time.
     :param resources_per_trial: what each trial reserved (``cpu``, ``gpu``) and the ``threads`` it trained with.
     :param trial_sizing: why the trials were sized so, and how many were let run at once.

@@ -284,6 +284,11 @@ def _searcher(spec: TuneSpec, max_concurrent: int):
 
         # TPE; metric and mode come from TuneConfig
         return ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=max_concurrent)
+    if spec.searcher == "adaptive" and not spec.space().has_grid:  # a grid is every one of its points
+        from airflow_ray_ml_stages.family_search import AdaptiveFamilySearch
+
+        return ConcurrencyLimiter(AdaptiveFamilySearch(spec.space().families, spec.start_points(), spec.seed),
+                                  max_concurrent=max_concurrent)
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     return BasicVariantGenerator(random_state=spec.seed, points_to_evaluate=spec.start_points() or None,

@@ -34,7 +34,7 @@ def test_params_defaults_build_every_task_on_the_demo_data(build):
     assert built["pick_data"] == ["demo_data", "data_files"]
     assert built["preprocess"]["source"] == built["data_files"]
     assert built["preprocess"]["label_range"] == [0, 10]  # the wine grades', on the demo data only
-    assert built["tune"]["searcher"] == "random" and built["tune"]["time_budget_s"] == 900
+    assert built["tune"]["searcher"] == "adaptive" and built["tune"]["time_budget_s"] == 900
 
 
 @pytest.mark.parametrize("source", [None, [], [""], ["", "  ", ""]])

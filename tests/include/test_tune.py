@@ -245,7 +245,7 @@ def test_a_start_config_with_a_list_choice_is_searched_by_its_index():
     ("fields", "message"),
     [
         ({"start_configs": {"family": "xgboost"}}, "start_configs must be a list of train configs"),
-        ({"start_configs": [{"family": "xgboost"}], "searcher": "optuna"}, "are run by searcher 'random'"),
+        ({"start_configs": [{"family": "xgboost"}], "searcher": "optuna"}, "are run by searchers 'adaptive' and 'random'"),
         ({"start_configs": [{"family": "xgboost"}], "search_space": {"family": "lightning"}, "preprocessor_uri": None},
          "start_configs\\[0\\] has family 'xgboost', which the search space does not pick"),
         ({"start_configs": [{"family": "xgboost", "scaler": "none"}]}, "scaler 'none'; the search space's scalers"),

@@ -55,7 +55,7 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     assert dag_run.state == "success"
     manifest = _xcom(dag_run, "tune")
     assert manifest["metric"] == "val_rmse" and manifest["mode"] == "min"
-    assert manifest["searcher"] == "random" and manifest["scheduler"] == "asha"
+    assert manifest["searcher"] == "adaptive" and manifest["scheduler"] == "asha"
     trials = manifest["trials"]
     assert trials["total"] == 4 and trials["failed"] == 0 and trials["completed"] >= 1
     assert trials["completed"] + trials["early_stopped"] == 4
