@@ -76,6 +76,69 @@ def select_ensemble(labels: np.ndarray, predictions: dict[str, np.ndarray], task
     return Selection(weights, task_metrics(task, labels, averaged), best_round)
 
 
+LIBRARY_FACTOR = 1.5
+"""Ensemble selection chooses among the trials whose validation loss is at most this many times the best
+trial's (:func:`library`)."""
+
+
+def library(scores: dict[str, float], mode: str, factor: float = LIBRARY_FACTOR) -> list[str]:
+    """The trials selection may choose, best first: those within ``factor`` of the best trial's loss.
+
+    Pruning the library to its better models makes ensemble selection overfit less (Caruana et al.,
+    2006). A trial far behind the best adds to the average mostly what fits the validation rows:
+    a forest's probabilities of 0 and 1 for a rare class lower the validation log loss of an average
+    that does worse on new rows. The loss is the metric itself (``min``), or its shortfall from 1
+    for a share to maximise (accuracy, F1, within 0.5).
+    """
+    losses = {name: value if mode == "min" else 1.0 - value for name, value in scores.items()}
+    best = min(losses.values())
+    return [name for name in sorted(losses, key=losses.get) if losses[name] <= factor * best + 1e-12]
+
+
+HOLDOUT_REPEATS = 3
+"""Random halvings of the validation rows :func:`holdout_ratio` selects on and scores on (each both ways)."""
+HOLDOUT_TOLERANCE = 1.01
+"""The ensemble is kept unless, on the halves it was not chosen on, it does more than 1 % worse than
+the best single trial (:func:`holdout_ratio`): each half's selection saw half the rows the final one
+sees, so the check understates what an ensemble gains, and a tie goes to the ensemble."""
+HOLDOUT_MIN_ROWS = 20
+"""Fewer validation rows than this are not halved: the selection is kept as it is."""
+
+
+def holdout_ratio(labels: np.ndarray, predictions: dict[str, np.ndarray], task: str, metric: str, mode: str,
+                  rounds: int = SELECTION_ROUNDS, repeats: int = HOLDOUT_REPEATS, seed: int = 0) -> float | None:
+    """Does the selection's gain hold on rows it did not see? The median, over ``repeats`` random halvings of
+    the validation rows and both ways round, of the ensemble selected on one half against the best
+    single trial on that half, both scored on the other: their ratio as a loss (above 1: the ensemble
+    does worse). Greedy selection fits its weights to the rows it chooses on; where its gain is noise
+    (a class that is rare, probabilities a forest gives as 0 or 1), the best trial alone does better
+    on new rows. None where there are fewer than :data:`HOLDOUT_MIN_ROWS` rows."""
+    count = len(labels)
+    if count < HOLDOUT_MIN_ROWS:
+        return None
+    generator = np.random.default_rng(seed)
+
+    def value(rows: np.ndarray, predicted: np.ndarray) -> float:
+        return task_metrics(task, labels[rows], predicted)[metric]
+
+    sign = 1.0 if mode == "min" else -1.0
+    ratios = []
+    for _ in range(repeats):
+        order = generator.permutation(count)
+        halves = (order[: count // 2], order[count // 2:])
+        for chosen_on, scored_on in (halves, halves[::-1]):
+            selection = select_ensemble(labels[chosen_on], {name: values[chosen_on] for name, values in predictions.items()},
+                                        task, metric, mode, rounds)
+            average = sum(weight * np.asarray(predictions[name], np.float64)[scored_on]
+                          for name, weight in selection.weights)
+            single = min(predictions, key=lambda name: sign * value(chosen_on, predictions[name][chosen_on]))
+            ours, theirs = value(scored_on, average), value(scored_on, predictions[single][scored_on])
+            # a ratio of losses: for a metric to maximise, the single trial's value over the ensemble's
+            worse, better = (ours, theirs) if mode == "min" else (theirs, ours)
+            ratios.append(worse / better if better else (1.0 if worse == better else np.inf))
+    return float(np.median(ratios))
+
+
 def ensemble_card(data: Any, members: list[dict[str, Any]], **fields: Any):
     """The card of an ensemble directory for ``data`` (a TuneSpec or TrainSpec: its columns, task,
     classes, seed, fingerprint and preprocessor) and its listed ``members``; ``fields``: the rest."""

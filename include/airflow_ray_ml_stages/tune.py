@@ -40,7 +40,8 @@ from airflow_ray_ml_stages.capacity import (
 )
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.device import choose_device
-from airflow_ray_ml_stages.ensemble import assemble, ensemble_card, select_ensemble
+from airflow_ray_ml_stages.ensemble import (HOLDOUT_REPEATS, HOLDOUT_TOLERANCE, LIBRARY_FACTOR, assemble, ensemble_card,
+                                            holdout_ratio, library, select_ensemble)
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
@@ -536,11 +537,20 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
 def ensemble_row(spec: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The leaderboard row of the ensemble of completed trials, where it beats the best of them on validation.
 
-    Greedy selection (:func:`airflow_ray_ml_stages.ensemble.select_ensemble`) over the completed trials'
-    validation predictions, best trial first; None where it keeps one trial, or fewer than two completed.
+    Greedy selection (:func:`airflow_ray_ml_stages.ensemble.select_ensemble`) over the validation predictions
+    of the completed trials within :data:`~airflow_ray_ml_stages.ensemble.LIBRARY_FACTOR` of the best
+    (:func:`~airflow_ray_ml_stages.ensemble.library`), best trial first; None where it keeps one trial, fewer than two completed, or
+    where its gain does not hold on validation rows it was not chosen on
+    (:func:`airflow_ray_ml_stages.ensemble.holdout_ratio`).
     """
     completed = sort_rows([row for row in rows if row["status"] == COMPLETED], spec.metric, spec.mode)
     if len(completed) < 2 or not spec.ensemble_size:
+        return None
+    chosen_from = set(library({row["trial_id"]: row["metrics"][spec.metric] for row in completed}, spec.mode))
+    completed = [row for row in completed if row["trial_id"] in chosen_from]
+    if len(completed) < 2:
+        log.info("ensemble selection kept the best trial alone: no other trial's %s is within %.1f times its loss",
+                 spec.metric, LIBRARY_FACTOR)
         return None
     started = time.time()
     labels, predictions = None, {}
@@ -551,6 +561,16 @@ def ensemble_row(spec: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, Any] |
     if len(selection.weights) < 2:
         log.info("ensemble selection kept the best trial alone: no average of trials beats it on %s", spec.metric)
         return None
+    ratio = holdout_ratio(labels, predictions, spec.task, spec.metric.removeprefix("val_"), spec.mode,
+                          spec.ensemble_size, seed=spec.seed)
+    if ratio is not None and ratio > HOLDOUT_TOLERANCE:
+        log.info("ensemble selection kept the best trial alone: chosen on half of the validation rows, the "
+                 "ensemble's %s on the other half is %.3f times the best trial's (median of %d halvings; it "
+                 "is kept up to %.2f)", spec.metric, ratio, 2 * HOLDOUT_REPEATS, HOLDOUT_TOLERANCE)
+        return None
+    if ratio is not None:
+        log.info("ensemble of %d trials: on held-out halves of the validation rows its %s is %.3f times the best "
+                 "trial's", len(selection.weights), spec.metric, ratio)
     by_id = {row["trial_id"]: row for row in completed}
     members = [{"model_dir": artifacts.join(trial_dir(spec.artifact_dir, trial_id), "model"), "weight": weight,
                 "trial_id": trial_id, "family": by_id[trial_id]["family"], "scaler": by_id[trial_id]["scaler"],

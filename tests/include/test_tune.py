@@ -287,6 +287,44 @@ def test_ensemble_selection_averages_trials_whose_errors_differ_and_keeps_a_tria
         assert len(found.weights) == 2, metric
 
 
+def test_selection_chooses_among_the_trials_near_the_best_by_loss_or_by_shortfall_from_one():
+    from airflow_ray_ml_stages.ensemble import library
+
+    log_losses = {"linear": 0.076, "xgboost": 0.0786, "forest": 0.159, "lightning": 0.11}
+    assert library(log_losses, "min") == ["linear", "xgboost", "lightning"]  # the forest is twice the best's loss
+    accuracies = {"a": 0.96, "b": 0.95, "c": 0.93}  # shortfalls 0.04, 0.05, 0.07
+    assert library(accuracies, "max") == ["a", "b"]
+    assert library({"only": 0.0, "other": 1e-9}, "min") == ["only"]  # a perfect trial stays alone
+
+
+def test_an_ensemble_gain_that_is_noise_fails_on_held_out_halves_and_a_real_one_holds():
+    """Thirty copies of one trial with noise of their own: greedy selection on 40 rows finds averages that
+    fit those rows, which do worse than the trial alone on rows they were not chosen on."""
+    from airflow_ray_ml_stages.ensemble import HOLDOUT_MIN_ROWS, HOLDOUT_TOLERANCE, holdout_ratio, select_ensemble
+
+    spurious, real = [], []
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        labels = rng.normal(size=40)
+        best = labels + rng.normal(size=40)
+        copies = {"best": best, **{f"copy{k}": best + rng.normal(scale=2.0, size=40) for k in range(30)}}
+        assert len(select_ensemble(labels, copies, "regression", "rmse", "min").weights) > 1  # on all rows: a gain
+        spurious.append(holdout_ratio(labels, copies, "regression", "rmse", "min", seed=seed))
+        # errors that differ: the average's gain is real
+        apart = {name: labels + rng.normal(scale=scale, size=40) for name, scale in (("a", 1.0), ("b", 1.0), ("c", 1.2))}
+        real.append(holdout_ratio(labels, apart, "regression", "rmse", "min", seed=seed))
+    assert sum(ratio > HOLDOUT_TOLERANCE for ratio in spurious) >= 8, spurious
+    assert max(real) < 1.0, real
+    # a metric to maximise reads the same way round: classifiers whose errors differ vote better together
+    classes = np.random.default_rng(0).integers(0, 3, size=600)
+    voters = {f"v{seed}": np.eye(3)[classes] + np.random.default_rng(seed).normal(size=(600, 3)) for seed in range(5)}
+    voters = {name: np.exp(v) / np.exp(v).sum(axis=1, keepdims=True) for name, v in voters.items()}
+    assert holdout_ratio(classes, voters, "classification", "accuracy", "max") < 0.95
+    # too few rows are not halved
+    assert holdout_ratio(labels[: HOLDOUT_MIN_ROWS - 1], {"a": labels[: HOLDOUT_MIN_ROWS - 1]}, "regression", "rmse",
+                         "min") is None
+
+
 @pytest.mark.parametrize(("members", "message"), [
     ([], "needs 'members': a non-empty list"),
     ([{"model_dir": "/m/0", "weight": 0}], r"members\[0\].weight must be a number > 0, got 0"),
