@@ -1,5 +1,5 @@
 """The training loops: a Lightning MLP and an XGBoost booster, each checkpointing and resumable, and
-scikit-learn's forests (one process, no checkpoint: a forest trains in seconds to minutes).
+scikit-learn's forests and linear model (one process, no checkpoint: they train in seconds to minutes).
 
 The first two run unchanged in a Ray Train worker, a Ray Tune trial or the job's own process (see
 :mod:`airflow_ray_ml_stages.train.contexts`); rank 0 evaluates the trained model and writes its weights into the
@@ -304,7 +304,7 @@ def xgboost_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = Non
         write_final(cfg, {**final, "loop_timings": _rounded(timings)})
 
 
-# -- scikit-learn forests ----------------------------------------------------------------------
+# -- scikit-learn: the forests and the linear model ------------------------------------------------
 
 
 def forest_estimator(family: str, config: dict[str, Any], classification: bool, seed: int, threads: int):
@@ -318,39 +318,27 @@ def forest_estimator(family: str, config: dict[str, Any], classification: bool, 
                      n_jobs=threads, random_state=seed)
 
 
-def forest_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
-    """A scikit-learn forest, grown in one go.
+def _fitted_once(cfg: TrainLoopConfig, context: Any, fit: Any) -> None:
+    """The scikit-learn families' loop: read the splits, fit once, evaluate, write the model file.
 
-    Runs in the job's own process or a Ray Tune trial, on the CPU (the forests have no GPU
-    implementation); it writes ``forest.npz`` (:mod:`airflow_ray_ml_stages.models.forest`). In a
-    trial it reports once, its final model's metrics, so ASHA never stops a forest: one trains in
-    seconds, a part of its trees says little of the whole, and a completed trial is one more model
-    the ensemble selection can use.
+    Runs in the job's own process or a Ray Tune trial, on the CPU; in a trial it reports once, its
+    final model's metrics. ``fit(train_x, train_y, classes)`` fits the family's model on the
+    training rows (``classes``: their number, None for a regression) and returns the model file's
+    name and bytes, what the model predicts for an array of features (values, or every class's
+    probability), and what the final report adds.
     """
-    cfg = TrainLoopConfig.of(cfg)
-    context = loop_context(cfg, context)
     announce_worker(cfg, 0)
     timings, phase_started = {}, time.monotonic()
     train_arrays = start_reading_train_split(cfg, 0, 1)  # while scikit-learn imports
-    config = cfg.config
+    import sklearn
+
     classes = None if cfg.class_priors is None else len(cfg.class_priors)
-    forest = forest_estimator(cfg.family, config, classes is not None, cfg.seed, cfg.threads)
     val_x, val_y = split_arrays(cfg, "validation")
     train_x, train_y = train_arrays()
-    target = train_y.astype(np.int64) if classes is not None else train_y.astype(np.float64)
     timings["read_s"] = time.monotonic() - phase_started
-
-    def predict(x: np.ndarray) -> np.ndarray:
-        """The forest's predictions: values, or (classification) every class's probability."""
-        if classes is None:
-            return forest.predict(x)
-        found = np.zeros((len(x), classes))
-        found[:, forest.classes_.astype(np.int64)] = forest.predict_proba(x)
-        return found
-
     phase_started = time.monotonic()
-    total = int(config["n_estimators"])
-    forest.fit(train_x, target)
+    name, data, predict, final = fit(train_x, train_y.astype(np.int64) if classes else train_y.astype(np.float64),
+                                     classes)
     timings["fit_s"] = time.monotonic() - phase_started
     phase_started = time.monotonic()
     evaluated = {"validation": (val_x, val_y)}
@@ -358,54 +346,58 @@ def forest_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None
         evaluated["test"] = split_arrays(cfg, "test")
     for split, (x, y) in evaluated.items():
         write_evaluation(cfg, split, y, predict(x))
-    artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, FOREST_MODEL), forest_bytes(forest, classes))
+    artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, name), data)
     timings["evaluate_s"] = time.monotonic() - phase_started
-    import sklearn
-
-    write_final(cfg, {"trees": total, "device": "cpu", "train_rows_per_worker": int(len(train_x)), "world_size": 1,
+    write_final(cfg, {**final, "device": "cpu", "train_rows_per_worker": int(len(train_x)), "world_size": 1,
                       "framework_versions": {"scikit-learn": sklearn.__version__},
                       "loop_timings": _rounded(timings)})
+
+
+def forest_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
+    """A scikit-learn forest, grown in one go; it writes ``forest.npz`` (:mod:`airflow_ray_ml_stages.models.forest`).
+
+    The forests have no GPU implementation. A trial reports only its end, so ASHA never stops a
+    forest: one trains in seconds, a part of its trees says little of the whole, and a completed
+    trial is one more model the ensemble selection can use.
+    """
+    cfg = TrainLoopConfig.of(cfg)
+    context = loop_context(cfg, context)
+
+    def fit(x: np.ndarray, y: np.ndarray, classes: int | None):
+        forest = forest_estimator(cfg.family, cfg.config, classes is not None, cfg.seed, cfg.threads).fit(x, y)
+
+        def predict(features: np.ndarray) -> np.ndarray:
+            if classes is None:
+                return forest.predict(features)
+            found = np.zeros((len(features), classes))  # a class missing from training: probability 0
+            found[:, forest.classes_.astype(np.int64)] = forest.predict_proba(features)
+            return found
+
+        return FOREST_MODEL, forest_bytes(forest, classes), predict, {"trees": int(cfg.config["n_estimators"])}
+
+    _fitted_once(cfg, context, fit)
 
 
 def linear_train_loop(cfg: TrainLoopConfig | dict[str, Any], context: Any = None) -> None:
     """A linear model: ridge regression, or logistic regression (``C = 1 / alpha``) for classes.
 
-    Runs in the job's own process or a Ray Tune trial, on the CPU, fitted once (a trial reports its
-    end only); missing features come imputed (``feature_fill``). It writes ``linear.npz``
-    (:mod:`airflow_ray_ml_stages.models.linear`).
+    Fitted once on the CPU, missing features imputed (``feature_fill``); it writes ``linear.npz``
+    (:mod:`airflow_ray_ml_stages.models.linear`) and is evaluated from that file, as it is served.
     """
     cfg = TrainLoopConfig.of(cfg)
     context = loop_context(cfg, context)
-    announce_worker(cfg, 0)
-    timings, phase_started = {}, time.monotonic()
-    train_arrays = start_reading_train_split(cfg, 0, 1)  # while scikit-learn imports
-    from sklearn.linear_model import LogisticRegression, Ridge
 
-    from airflow_ray_ml_stages.models.linear import LINEAR_MODEL, linear_bytes, linear_predict
+    def fit(x: np.ndarray, y: np.ndarray, classes: int | None):
+        from sklearn.linear_model import LogisticRegression, Ridge
 
-    classes = None if cfg.class_priors is None else len(cfg.class_priors)
-    alpha = float(cfg.config["alpha"])
-    model = Ridge(alpha=alpha) if classes is None else LogisticRegression(C=1.0 / alpha, max_iter=2000)
-    val_x, val_y = split_arrays(cfg, "validation")
-    train_x, train_y = train_arrays()
-    timings["read_s"] = time.monotonic() - phase_started
-    phase_started = time.monotonic()
-    model.fit(train_x.astype(np.float64), train_y.astype(np.int64) if classes else train_y.astype(np.float64))
-    timings["fit_s"] = time.monotonic() - phase_started
-    phase_started = time.monotonic()
-    data = linear_bytes(model, classes)
-    evaluated = {"validation": (val_x, val_y)}
-    if "test" in context.evaluation_splits():
-        evaluated["test"] = split_arrays(cfg, "test")
-    for split, (x, y) in evaluated.items():
-        write_evaluation(cfg, split, y, linear_predict(data, x))
-    artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, LINEAR_MODEL), data)
-    timings["evaluate_s"] = time.monotonic() - phase_started
-    import sklearn
+        from airflow_ray_ml_stages.models.linear import LINEAR_MODEL, linear_bytes, linear_predict
 
-    write_final(cfg, {"device": "cpu", "train_rows_per_worker": int(len(train_x)), "world_size": 1,
-                      "framework_versions": {"scikit-learn": sklearn.__version__},
-                      "loop_timings": _rounded(timings)})
+        alpha = float(cfg.config["alpha"])
+        model = Ridge(alpha=alpha) if classes is None else LogisticRegression(C=1.0 / alpha, max_iter=2000)
+        data = linear_bytes(model.fit(x.astype(np.float64), y), classes)
+        return LINEAR_MODEL, data, lambda features: linear_predict(data, features), {}
+
+    _fitted_once(cfg, context, fit)
 
 
 TRAIN_LOOPS = {"lightning": lightning_train_loop, "xgboost": xgboost_train_loop,
