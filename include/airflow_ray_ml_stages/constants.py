@@ -63,6 +63,15 @@ DEFAULT_METRIC = {"regression": "rmse", "classification": "log_loss"}
 NULL_TOKENS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
                          "1.#QNAN", "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null"})
 
+
+
+def is_missing(value: object) -> bool:
+    """Whether one raw value of a table is missing: null, NaN, or a text of :data:`NULL_TOKENS` (``""``,
+    ``NA``, ...) with or without spaces around it, in a text column as in a numeric one."""
+    return (value is None or (isinstance(value, float) and value != value)
+            or (isinstance(value, str) and value.strip() in NULL_TOKENS))
+
+
 NAN_POLICIES = ("fail", "drop", "impute")
 """What the data stage does with a row that has a missing (or NaN, infinite) value: fail the run,
 drop the row (counted), or impute the features from the training split (rows without a label

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from airflow_ray_ml_stages.constants import NULL_TOKENS
+from airflow_ray_ml_stages.constants import is_missing
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 from airflow_ray_ml_stages.spec_base import is_number
 
@@ -262,8 +262,7 @@ class Preprocessor:
         for column in self.categories:
             codes, uniques = pd.factorize(frame[column].to_numpy(dtype=object), use_na_sentinel=True)
             if self.fill:  # an empty or NA text is a missing value, as in training
-                missing = np.array([isinstance(value, str) and value.strip() in NULL_TOKENS for value in uniques]
-                                   + [True])
+                missing = np.array([is_missing(value) for value in uniques] + [True])
                 codes = np.where(missing[codes], -1, codes)
             categorical[column] = (codes, list(uniques))
         numeric = np.empty((len(frame), len(self.numeric_columns) + len(self.boolean_columns)), dtype="float64")

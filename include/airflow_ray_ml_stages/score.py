@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.constants import NULL_TOKENS
+from airflow_ray_ml_stages.constants import is_missing
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError, quotable
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.preprocessor import boolean_numbers
@@ -195,10 +195,8 @@ class BatchScorer:
 
 
 def _absent(values) -> np.ndarray:
-    """Where a column of raw values misses one: null, NaN, or an empty or ``NA`` text."""
-    found = values.to_numpy(dtype=object)
-    return np.array([value is None or (isinstance(value, float) and np.isnan(value))
-                     or (isinstance(value, str) and value.strip() in NULL_TOKENS) for value in found], dtype=bool)
+    """Where a column of raw values misses one (:func:`~airflow_ray_ml_stages.constants.is_missing`)."""
+    return np.array([is_missing(value) for value in values.to_numpy(dtype=object)], dtype=bool)
 
 
 def missing_values_of(asked: str, fill: dict) -> str:

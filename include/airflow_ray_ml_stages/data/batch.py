@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from airflow_ray_ml_stages.constants import is_missing
 from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 from airflow_ray_ml_stages.data.schema import NULL_TOKENS, ColumnPlan
 from airflow_ray_ml_stages.data.sources import SAMPLE_ROWS
@@ -104,7 +105,7 @@ def dictionary_codes(column) -> tuple[np.ndarray, list]:
 def text_missing(codes: np.ndarray, values: list) -> np.ndarray:
     """A text column's codes with the missing tokens (``""``, ``NA``, ...) as missing (-1): empty text
     is a missing value, as in a numeric column, never a category of its own."""
-    missing = np.array([value is None or str(value).strip() in NULL_TOKENS for value in values] + [True])
+    missing = np.array([is_missing(value) for value in values] + [True])
     if not missing[:-1].any():
         return codes
     return np.where(missing[codes], -1, codes).astype("int32", copy=False)
@@ -129,7 +130,7 @@ def boolean_floats(values) -> tuple[np.ndarray, np.ndarray]:
     """
     numbers, invalid = boolean_numbers(values)
     if invalid.any():
-        invalid &= ~np.array([isinstance(value, str) and value.strip() in NULL_TOKENS for value in values], dtype=bool)
+        invalid &= ~np.array([is_missing(value) for value in values], dtype=bool)
     return numbers, invalid
 
 
