@@ -242,7 +242,7 @@ AIRFLOW_BEFORE_3_2 = _airflow_before("3.2")
 
 
 def _ml_extra_missing() -> list[str]:
-    """The `ml` extra's distributions (pyproject.toml, Ray's beside) that are not installed here."""
+    """The distributions of the `ml` extra (pyproject.toml) that are not installed here, Ray aside."""
     import tomllib
     from importlib.metadata import PackageNotFoundError, version
 
