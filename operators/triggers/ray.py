@@ -43,6 +43,8 @@ class RayJobTrigger(BaseTrigger):
     :param max_unreachable_s: how long the dashboard may stay unreachable before giving up.
     """
 
+    _cancelled = False  # run() was cancelled by the triggerer; not serialized (the instance's own run)
+
     def __init__(self, submission_id: str, ray_conn_id: str = "ray_default", poll_interval_s: float = 2.0,
                  max_unreachable_s: float = 300.0) -> None:
         super().__init__()
@@ -50,7 +52,6 @@ class RayJobTrigger(BaseTrigger):
         self.ray_conn_id = ray_conn_id
         self.poll_interval_s = poll_interval_s
         self.max_unreachable_s = max_unreachable_s
-        self._cancelled = False  # run() was cancelled by the triggerer (not a state to serialize)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return _CLASSPATH, {
