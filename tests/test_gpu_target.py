@@ -38,4 +38,4 @@ def test_gpu_extra_is_pytest_alone_and_the_dev_extra_builds_on_it():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {requirement.split(">")[0].split("=")[0] for requirement in extras["test-gpu"]}
     assert names == {"pytest", "pytest-timeout"}
-    assert "airflow-ray-ml[test-gpu]" in extras["dev"]
+    assert "airflow-ray-ml[test-gpu]" in extras["test"] and "airflow-ray-ml[test]" in extras["dev"]

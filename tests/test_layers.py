@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import airflow_ray_ml_stages
-from tests.conftest import ROOT
+from tests.conftest import ROOT, requires_ml_extra
 
 RAYML_DIR = Path(airflow_ray_ml_stages.__file__).parent
 # This checkout's airflow_ray_ml_stages, not whichever one the interpreter has installed (an editable install of another).
@@ -43,6 +43,7 @@ def test_rayml_sources_never_import_airflow_or_operators():
     assert {name: roots for name, roots in offenders.items() if roots} == {}
 
 
+@requires_ml_extra
 def test_importing_every_rayml_module_loads_no_airflow():
     modules = [info.name for info in pkgutil.walk_packages(airflow_ray_ml_stages.__path__, "airflow_ray_ml_stages.")]
     assert "airflow_ray_ml_stages.stage" in modules

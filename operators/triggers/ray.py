@@ -14,6 +14,9 @@ from airflow_ray_ml.job_status import RayJobStatus
 _CLASSPATH = "airflow_ray_ml.triggers.ray.RayJobTrigger"
 # on_kill() must finish within the triggerer's [triggerer] on_kill_timeout (30 s by default).
 STOP_TIMEOUT_S = 20.0
+# Airflow 3.3 added BaseTrigger.on_kill(), which its triggerer calls when a user marks or clears the
+# deferred task; an older triggerer only cancels the trigger, and the trigger's cleanup() stops the job.
+TRIGGERER_CALLS_ON_KILL = hasattr(BaseTrigger, "on_kill")
 
 
 class RayJobTrigger(BaseTrigger):
@@ -29,8 +32,9 @@ class RayJobTrigger(BaseTrigger):
     triggerer from the connection.
 
     When a user marks the deferred task failed or success, or clears it, :meth:`on_kill` stops
-    the job. A triggerer that restarts, or whose trigger another triggerer takes over, leaves the
-    job running; the trigger starts over there and logs the job's log from its start again.
+    the job (before Airflow 3.3, whose triggerer calls no ``on_kill``, :meth:`cleanup` does). A
+    triggerer that restarts, or whose trigger another triggerer takes over, leaves the job running;
+    the trigger starts over there and logs the job's log from its start again.
 
     :param submission_id: the Ray job's submission id.
     :param ray_conn_id: the Airflow connection to the Ray cluster.
@@ -38,6 +42,8 @@ class RayJobTrigger(BaseTrigger):
         trigger fires this soon after the job ends), and between tries while the cluster cannot be reached.
     :param max_unreachable_s: how long the dashboard may stay unreachable before giving up.
     """
+
+    _cancelled = False  # run() was cancelled by the triggerer; not serialized (the instance's own run)
 
     def __init__(self, submission_id: str, ray_conn_id: str = "ray_default", poll_interval_s: float = 2.0,
                  max_unreachable_s: float = 300.0) -> None:
@@ -98,6 +104,9 @@ class RayJobTrigger(BaseTrigger):
                     yield self._event(outcome, status.value, info.get("message") or "", offset)
                     return
                 await asyncio.sleep(self.poll_interval_s)
+        except asyncio.CancelledError:
+            self._cancelled = True
+            raise
         except Exception as err:  # a trigger must report, not crash the triggerer
             yield self._event("error", None, f"{type(err).__name__}: {err}", offset)
 
@@ -113,14 +122,31 @@ class RayJobTrigger(BaseTrigger):
             self.log.info("The task is still deferred, followed by another triggerer; Ray job %s keeps running",
                           self.submission_id)
             return
+        await self._stop_job()
+
+    async def cleanup(self) -> None:
+        """Before Airflow 3.3, stop the job where :meth:`on_kill` would have: the triggerer cancelled this
+        trigger and its task is no longer deferred (a user marked or cleared it, or, unlike 3.3's
+        on_kill, its deferral timed out: the operator would stop the job on resuming anyway).
+
+        Airflow calls this on every exit of the trigger; a triggerer that stops or restarts cancels it
+        too, but its task is still deferred, and where the state cannot be read the job goes on.
+        """
+        if TRIGGERER_CALLS_ON_KILL or not self._cancelled or await self._still_deferred(unknown=None) is not False:
+            return
+        await self._stop_job()
+
+    async def _stop_job(self) -> None:
         self.log.info("The deferred task was marked or cleared; stopping Ray job %s", self.submission_id)
         stopped = await asyncio.wait_for(self._hook().a_stop_job(self.submission_id), STOP_TIMEOUT_S)
         self.log.info("Ray job %s %s", self.submission_id, "stopped" if stopped else "had already ended")
 
-    async def _still_deferred(self) -> bool:
+    async def _still_deferred(self, unknown: bool | None = False) -> bool | None:
+        """Whether the task is still deferred; ``unknown`` where no triggerer runs this trigger or its
+        answer cannot be read (``on_kill``'s usual meaning: a user stopped the task)."""
         ti = getattr(self, "task_instance", None)
         if ti is None:  # not run by a triggerer (dag.test, a direct call): nothing to ask
-            return False
+            return unknown
         from asgiref.sync import sync_to_async
 
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
@@ -130,7 +156,7 @@ class RayJobTrigger(BaseTrigger):
                 dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id],
                 states=["deferred"],
             )
-        except Exception as err:  # on_kill's usual meaning holds: a user stopped the task
+        except Exception as err:
             self.log.warning("Could not read the state of task %s (%s: %s)", ti.task_id, type(err).__name__, err)
-            return False
+            return unknown
         return deferred > 0

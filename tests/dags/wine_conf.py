@@ -53,7 +53,12 @@ def trigger_params(dag, conf: dict[str, Any]) -> dict[str, Any]:
 
     if dag.dag_id not in _SERVED:
         _SERVED[dag.dag_id] = DagSerialization.from_dict(DagSerialization.to_dict(dag))
-    return _SERVED[dag.dag_id].params.deep_merge(conf).validate()
+    params = _SERVED[dag.dag_id].params
+    if not hasattr(params, "deep_merge"):  # Airflow 3.1's create_dagrun: a copy, updated with the conf
+        params = copy.deepcopy(params)
+        params.update(conf or {})
+        return params.validate()
+    return params.deep_merge(conf).validate()
 
 
 def build_tasks(dag, conf: dict[str, Any], artifact_root: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pytest
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 from airflow_ray_ml_stages.preprocessor import Preprocessor, inverse_transform
 from airflow_ray_ml_stages.specs import PreprocessSpec, ScoreSpec, TrainSpec
+from tests.conftest import requires_ml_extra, skip_without_ml_extra
 
 
 def _table(rows: int = 1200, seed: int = 3) -> pd.DataFrame:
@@ -89,6 +90,7 @@ def test_impute_refuses_a_column_with_no_training_value_and_fail_or_drop_keep_th
 @pytest.fixture(scope="module")
 def imputing_model(tmp_path_factory):
     """A forest trained on imputed splits, and the table it came from."""
+    skip_without_ml_extra()
     from airflow_ray_ml_stages.train.stage import run_training
 
     folder = tmp_path_factory.mktemp("impute")
@@ -167,6 +169,7 @@ def test_batch_scoring_of_a_model_that_does_not_impute_drops_by_default_and_refu
         missing_values_of("impute", {})
 
 
+@requires_ml_extra
 def test_xgboost_learns_from_missingness_itself_while_the_others_impute(tmp_path):
     """A label that says whether ``x`` is missing: XGBoost, given the splits' NaN, learns it and still reads a
     median ``x`` as a median; a forest, given the median in a missing value's place, answers a missing value and a

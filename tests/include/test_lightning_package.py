@@ -19,7 +19,7 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import ClusterError, SpecError, TrainingError
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.train.failures import not_retryable
-from tests.conftest import ROOT, load_dag
+from tests.conftest import ROOT, load_dag, requires_ml_extra, skip_without_ml_extra
 from tests.hidden_packages import hiding_env
 from tests.operators.test_ray_job import _jobs_of, _xcom
 from tests.train_data import write_preprocessed, write_splits
@@ -75,6 +75,7 @@ print(json.dumps({"imported": imported, "chosen": chosen, "result": result.to_di
 def fresh_process(tmp_path_factory):
     """``fresh_process(hidden)``: what a fresh process with ``hidden`` packages hidden reports (above),
     run once per case on first use, with the splits it trained on."""
+    skip_without_ml_extra()
     reports: dict[tuple[str, ...], dict] = {}
 
     def report(hidden: list[str]) -> dict:
@@ -162,6 +163,7 @@ def test_not_retryable_an_error_of_the_job_itself_keeps_its_type_in_the_message(
     assert len(str(long)) < 1000 and "y ..." in str(long)
 
 
+@requires_ml_extra
 def test_train_stage_value_error_in_process_writes_a_not_retryable_manifest(tmp_path):
     from airflow_ray_ml_stages.train.stage import main
 

@@ -25,7 +25,7 @@ from airflow_ray_ml_stages.serve import (
     APP_IMPORT_PATH, DEPLOYMENT_NAME, MAX_INSTANCES, MAX_PROBLEMS, VALIDATION_ERROR_SCHEMA, LoadedModel, hash_api_key,
     read_json_body,
 )
-from tests.conftest import serve_apps_deleted_after_module
+from tests.conftest import serve_apps_deleted_after_module, skip_without_ml_extra
 
 NUMERIC = ["alcohol", "density"]
 CATEGORIES = {"colour": ["red", "white"]}
@@ -102,6 +102,7 @@ def write_flag_model_dir(directory: Path, saved_before_booleans: bool = False) -
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
+    skip_without_ml_extra()
     root = tmp_path_factory.mktemp("serve-contract-models")
     return {"regression": write_model_dir(root / "regression", "regression"),
             "multiclass": write_model_dir(root / "multiclass", "classification", [3, 5, 7]),

@@ -24,6 +24,7 @@ from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import run_name
 from airflow_ray_ml_stages.train.sizing import plan_training, plan_workers
 from airflow_ray_ml_stages.train.stage import run_training
+from tests.conftest import requires_ml_extra
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
         "test_uri": "/d/test.parquet", "feature_columns": ["x1", "x2", "x3"], "label_column": "y"}
@@ -145,6 +146,7 @@ def test_job_holds_gpu_only_when_submitted_with_entrypoint_num_gpus(fake_gpu_clu
 
 @pytest.mark.parametrize("config", [{"family": "xgboost", "num_boost_round": 20, "early_stopping_rounds": 0},
                                     {"family": "lightning", "max_epochs": 3, "patience": 0, "hidden_sizes": [16]}])
+@requires_ml_extra
 def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     """A wine-scale CPU run needs no Ray cluster: it neither connects to nor imports Ray."""
     from tests.conftest import ROOT
@@ -226,6 +228,7 @@ def test_train_loop_config_crosses_ray_train_as_a_dict_and_rejects_wrong_keys():
         TrainLoopConfig.of({**{k: v for k, v in config.to_dict().items() if k != "seed"}, "sead": 0})
 
 
+@requires_ml_extra
 def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
     import torch
 
@@ -251,6 +254,7 @@ def test_load_model_lightning_state_dict_predicts_like_the_module(tmp_path):
     np.testing.assert_allclose(load_model(str(tmp_path)).predict(features), unscaled, rtol=1e-6)
 
 
+@requires_ml_extra
 def test_load_model_xgboost_ubj_predicts_like_the_booster(tmp_path):
     import xgboost
 
@@ -274,6 +278,7 @@ def test_load_model_unknown_family_raises(tmp_path):
 
 @pytest.mark.parametrize("family, label_threshold", [("xgboost", None), ("lightning", None), ("xgboost", 7),
                                                      ("lightning", 7)])
+@requires_ml_extra
 def test_classification_trains_both_families_and_predicts_class_probabilities(tmp_path, family, label_threshold):
     """Multiclass (the grades) and binary (grade >= 7): the models beat the class-shares baseline."""
     from tests.train_data import write_splits
@@ -306,6 +311,7 @@ XGBOOST_FOREST = {"family": "xgboost", "num_parallel_tree": 100, "num_boost_roun
                   "reg_lambda": 1e-6}
 
 
+@requires_ml_extra
 def test_xgboost_forest_trains_on_columns_xgboost_refuses_by_name(tmp_path):
     """XGBoost grown as a random forest (booster parameters beyond the checked ones) trains and loads; one-hot
     columns of categories such as ``1. <=Good`` or ``[a]`` are names XGBoost's DMatrix refuses, and still train
@@ -339,6 +345,7 @@ def test_classification_split_with_a_label_outside_the_classes_is_refused(tmp_pa
                                config={"family": "xgboost", "num_boost_round": 2}))
 
 
+@requires_ml_extra
 def test_lightning_regression_label_in_other_units_trains_to_the_same_relative_error(tmp_path):
     """The MLP learns the standardised label: a label times 1000 takes the same path, 1000 times larger."""
     from tests.train_data import write_splits
@@ -370,6 +377,7 @@ SKLEARN_CONFIGS = {"extra_trees": ({"n_estimators": 40, "min_samples_leaf": 2}, 
 
 @pytest.mark.parametrize("family", SKLEARN_FAMILIES)
 @pytest.mark.parametrize("classification", [False, True])
+@requires_ml_extra
 def test_scikit_learn_family_trains_in_process_saves_plain_arrays_and_serves_without_it(tmp_path, family,
                                                                                        classification):
     """A forest or the linear model trains in the job's process, beats the baseline, and its model file holds
@@ -405,6 +413,7 @@ def test_scikit_learn_family_trains_in_process_saves_plain_arrays_and_serves_wit
         np.testing.assert_allclose(served, saved["y_pred"], rtol=1e-12, atol=1e-12)
 
 
+@requires_ml_extra
 def test_linear_arrays_predict_what_scikit_learn_predicts_with_a_class_absent_from_training():
     from sklearn.linear_model import LogisticRegression, Ridge
 
@@ -427,6 +436,7 @@ def test_linear_arrays_predict_what_scikit_learn_predicts_with_a_class_absent_fr
     np.testing.assert_allclose(found[:, [0, 2]], two_of_three.predict_proba(x), rtol=1e-9, atol=1e-12)
 
 
+@requires_ml_extra
 def test_forest_arrays_predict_what_scikit_learn_predicts_and_refuse_a_damaged_file():
     """The arrays give scikit-learn's own predictions (a class absent from training has probability 0), and a
     file whose nodes point outside it is refused rather than read out of bounds."""

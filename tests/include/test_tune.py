@@ -16,6 +16,7 @@ from airflow_ray_ml_stages.specs import TuneSpec, resolve_train_config
 from airflow_ray_ml_stages.train.config import FAMILIES
 from airflow_ray_ml_stages.train.splits import scaler_plan
 from airflow_ray_ml_stages.tune import leaderboard_csv, plot_leaderboard, sort_rows
+from tests.conftest import requires_ml_extra
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train", "validation_uri": "/d/validation",
         "feature_columns": ["x1", "x2"], "label_column": "y", "preprocessor_uri": "/d/p.json"}
@@ -162,6 +163,7 @@ def _row(trial_id, status, rmse=None, family="xgboost", error=None, end_s=None):
             "metrics": metrics, "status": status, "iterations": 2, "time_s": 1.5, "error": error, "end_s": end_s}
 
 
+@requires_ml_extra
 def test_leaderboard_sorts_completed_then_early_stopped_then_failed():
     rows = [_row("a", "FAILED", error="XGBoostError: bad"), _row("b", "EARLY_STOPPED", 0.60),
             _row("c", "COMPLETED", 0.70, end_s=3.0), _row("d", "COMPLETED", 0.65, family="lightning", end_s=5.0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from airflow_ray_ml_stages.tune import plot_leaderboard, plot_legend, plot_title
+from tests.conftest import requires_ml_extra
 
 
 def _row(trial_id: str, family: str, status: str) -> dict:
@@ -16,6 +17,7 @@ def test_plot_title_counts_one_trial_in_the_singular_and_more_in_the_plural():
     assert plot_title({**one, "total": 4}, "optuna", "fifo").startswith("4 trials (")
 
 
+@requires_ml_extra
 def test_plot_legend_names_only_the_families_and_end_states_of_the_trials_drawn():
     rows = [_row("a", "xgboost", "COMPLETED"), _row("b", "lightning", "FAILED")]
     # the lightning trial failed before it reported: no line of it, so no legend entry either

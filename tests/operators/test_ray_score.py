@@ -26,7 +26,7 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.score import default_output
 from airflow_ray_ml_stages.serve import LoadedModel
 from airflow_ray_ml_stages.tables import read_tables
-from tests.conftest import load_dag
+from tests.conftest import load_dag, requires_ml_extra
 from tests.operators.test_ray_job import _xcom
 
 _RUNS = iter(range(1, 1000))
@@ -121,6 +121,7 @@ def _score_in_process(tmp_path, **spec) -> str:
     return artifacts.read_json(artifacts.manifest_uri(artifact_dir))["error"]
 
 
+@requires_ml_extra  # its model is an XGBoost booster
 def test_missing_columns_taken_columns_and_unknown_models_are_named_before_ray(tmp_path):
     from tests.include.test_serve import write_flag_model_dir
 

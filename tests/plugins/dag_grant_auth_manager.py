@@ -34,6 +34,7 @@ class DagGrantAuthManager(SimpleAuthManager):
     def is_authorized_dag(self, *, method, user, access_entity=None, details=None) -> bool:
         allowed_by_role = super().is_authorized_dag(method=method, user=user, access_entity=access_entity,
                                                     details=details)
-        if not allowed_by_role or self._is_admin(user) or details is None or details.id is None:
+        is_admin = (user.role or "").upper() == "ADMIN"  # SimpleAuthManager's own test (3.1 has no _is_admin)
+        if not allowed_by_role or is_admin or details is None or details.id is None:
             return allowed_by_role
         return details.id in granted_dag_ids(user.username)

@@ -39,7 +39,7 @@ def test_retry_settings_unset_take_the_connection_fields_declared_defaults(monke
     ({"retry_max_wait_s": "soon"}, "retry_max_wait_s must be a number"),
 ])
 def test_retry_settings_invalid_fail_at_once_naming_the_field(monkeypatch, extra, named):
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_ray_ml.compat import AirflowFailException
 
     monkeypatch.setenv("AIRFLOW_CONN_RAY_BAD", json.dumps(
         {"conn_type": "ray_ml", "extra": {"dashboard_url": "http://127.0.0.1:8265", **extra}}))

@@ -199,12 +199,18 @@ async def _run_in_triggerer(trigger: RayJobTrigger, *, cancel: str, timeout_afte
     the triggerer does: "user" (the task was marked failed/success or cleared), "shutdown" (the
     triggerer stops or restarts), or "timeout" (its deferral timed out: ``timeout_after`` has passed).
     ``settle_s``: seconds until it follows the job's log. Returns when it was cancelled (``time.monotonic()``)."""
+    import inspect
+
     from airflow.jobs.triggerer_job_runner import TriggerRunner
 
     runner = TriggerRunner()
-    trigger.task_instance = None
+    trigger.task_instance = getattr(trigger, "task_instance", None)
     runner.triggers[1] = {"task": None, "name": repr(trigger), "events": 0}
-    task = asyncio.create_task(runner.run_trigger(1, trigger, timeout_after=timeout_after))
+    if "timeout_after" in inspect.signature(runner.run_trigger).parameters:
+        task = asyncio.create_task(runner.run_trigger(1, trigger, timeout_after=timeout_after))
+    else:  # Airflow 3.1 reads the deferral's timeout from the trigger
+        trigger.timeout_after = timeout_after
+        task = asyncio.create_task(runner.run_trigger(1, trigger))
     runner.triggers[1]["task"] = task
     await asyncio.sleep(settle_s)  # connected to the job's log by now
     assert not task.done()
@@ -259,8 +265,10 @@ def _set_state(ti, state: str) -> None:
         session.query(TaskInstance).filter_by(id=ti.id).update({"state": state})
 
 
-def _on_kill_in_triggerer(trigger: RayJobTrigger) -> None:
-    """Call on_kill() with Airflow's task API at hand, as in a triggerer (here: in process, on the test DB)."""
+@contextlib.contextmanager
+def _task_api_of(trigger: RayJobTrigger):
+    """Airflow's task API at hand for ``trigger``'s task instance, as in a triggerer (here: in process,
+    on the test DB)."""
     import psutil
     import structlog
 
@@ -274,6 +282,12 @@ def _on_kill_in_triggerer(trigger: RayJobTrigger) -> None:
     )
     supervisor.comms = InProcessSupervisorComms(supervisor=supervisor)
     with set_supervisor_comms(supervisor.comms):
+        yield
+
+
+def _on_kill_in_triggerer(trigger: RayJobTrigger) -> None:
+    """Call on_kill() as a triggerer does."""
+    with _task_api_of(trigger):
         asyncio.run(trigger.on_kill())
 
 
@@ -324,3 +338,24 @@ def test_marking_the_dag_run_failed_stops_the_deferred_tasks_job(airflow_db, fak
     _on_kill_in_triggerer(trigger)  # what the triggerer does for a trigger whose task is no longer deferred
     assert fake_jobs_api.count("POST", f"/api/jobs/{trigger.submission_id}/stop") == 1
     assert fake_jobs_api.jobs[trigger.submission_id].status == "STOPPED"
+
+
+@pytest.mark.integration
+@pytest.mark.lowest
+@pytest.mark.parametrize(("state", "cancel", "stopped"), [
+    ("failed", "user", True),        # a user marked the deferred task failed
+    ("deferred", "shutdown", False),  # the triggerer stops or restarts
+    ("deferred", "user", False),      # Airflow 3.3: another triggerer took the trigger over
+])
+def test_triggerer_cancelling_a_tasks_trigger_stops_the_job_only_once_the_task_left_deferred(
+        airflow_db, fake_jobs_api, state, cancel, stopped):
+    """Through the triggerer's own run and cancel of the trigger: Airflow 3.3 calls on_kill(), an older
+    triggerer only cleanup(); on either, the job of a task marked failed stops and that of a task still
+    deferred goes on."""
+    _, ti, trigger = _trigger_of_a_task_instance(fake_jobs_api)
+    _set_state(ti, state)
+    with _task_api_of(trigger):
+        asyncio.run(_run_in_triggerer(trigger, cancel=cancel, settle_s=0.5))
+    job = fake_jobs_api.jobs[trigger.submission_id]
+    assert fake_jobs_api.count("POST", f"/api/jobs/{trigger.submission_id}/stop") == int(stopped)
+    assert job.status == ("STOPPED" if stopped else "RUNNING")
