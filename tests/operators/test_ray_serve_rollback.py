@@ -195,7 +195,10 @@ def _scheduler(log_dir, api_base: str, jwt_secret: str):
 def _wait_for_run(base: str, run_id: str, log_dir, timeout_s: float = 240) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        run = requests.get(f"{base}/api/v2/dags/{ROLLBACK_DAG}/dagRuns/{run_id}", timeout=10).json()
+        try:
+            run = requests.get(f"{base}/api/v2/dags/{ROLLBACK_DAG}/dagRuns/{run_id}", timeout=10).json()
+        except requests.Timeout:  # the API server busy (a loaded 2-core machine): ask again within the deadline
+            continue
         if run.get("state") in ("success", "failed"):
             return run
         time.sleep(1)
