@@ -285,10 +285,11 @@ def _searcher(spec: TuneSpec, max_concurrent: int):
 
         # TPE; metric and mode come from TuneConfig
         return ConcurrencyLimiter(OptunaSearch(seed=spec.seed), max_concurrent=max_concurrent)
-    if spec.searcher == "adaptive" and not spec.space().has_grid:  # a grid is every one of its points
+    space = spec.space()
+    if spec.searcher == "adaptive" and not space.has_grid:  # a grid is every one of its points
         from airflow_ray_ml_stages.family_search import AdaptiveFamilySearch
 
-        return ConcurrencyLimiter(AdaptiveFamilySearch(spec.space().families, spec.start_points(), spec.seed),
+        return ConcurrencyLimiter(AdaptiveFamilySearch(space.families, spec.start_points(), spec.seed),
                                   max_concurrent=max_concurrent)
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
@@ -539,8 +540,8 @@ def ensemble_row(spec: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, Any] |
 
     Greedy selection (:func:`airflow_ray_ml_stages.ensemble.select_ensemble`) over the validation predictions
     of the completed trials within :data:`~airflow_ray_ml_stages.ensemble.LIBRARY_FACTOR` of the best
-    (:func:`~airflow_ray_ml_stages.ensemble.library`), best trial first; None where it keeps one trial, fewer than two completed, or
-    where its gain does not hold on validation rows it was not chosen on
+    (:func:`~airflow_ray_ml_stages.ensemble.library`), best trial first; None where it keeps one trial,
+    fewer than two completed, or where its gain does not hold on validation rows it was not chosen on
     (:func:`airflow_ray_ml_stages.ensemble.holdout_ratio`).
     """
     completed = sort_rows([row for row in rows if row["status"] == COMPLETED], spec.metric, spec.mode)
@@ -553,15 +554,16 @@ def ensemble_row(spec: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, Any] |
                  spec.metric, LIBRARY_FACTOR)
         return None
     started = time.time()
+    metric = spec.metric.removeprefix("val_")
     labels, predictions = None, {}
     for row in completed:
         labels, predictions[row["trial_id"]] = read_validation(trial_dir(spec.artifact_dir, row["trial_id"]))
-    selection = select_ensemble(labels, predictions, spec.task, spec.metric.removeprefix("val_"), spec.mode,
+    selection = select_ensemble(labels, predictions, spec.task, metric, spec.mode,
                                 spec.ensemble_size)
     if len(selection.weights) < 2:
         log.info("ensemble selection kept the best trial alone: no average of trials beats it on %s", spec.metric)
         return None
-    ratio = holdout_ratio(labels, predictions, spec.task, spec.metric.removeprefix("val_"), spec.mode,
+    ratio = holdout_ratio(labels, predictions, spec.task, metric, spec.mode,
                           spec.ensemble_size, seed=spec.seed)
     if ratio is not None and ratio > HOLDOUT_TOLERANCE:
         log.info("ensemble selection kept the best trial alone: chosen on half of the validation rows, the "
