@@ -139,6 +139,18 @@ def holdout_ratio(labels: np.ndarray, predictions: dict[str, np.ndarray], task: 
     return float(np.median(ratios))
 
 
+def describe_members(members: list[dict[str, Any]]) -> str:
+    """An ensemble config's members in one line, each trial once (its fold models' weights summed):
+    ``1a2b3c4d (xgboost, 5 folds) x 0.75, 5e6f7a8b (linear) x 0.25``."""
+    trials: dict[str, list] = {}
+    for index, member in enumerate(members):
+        entry = trials.setdefault(member.get("trial_id") or f"member {index}", [member.get("family"), 0.0, 0])
+        entry[1] += member["weight"]
+        entry[2] += 1
+    return ", ".join(f"{trial} ({family}{f', {count} folds' if count > 1 else ''}) x {weight:.2f}"
+                     for trial, (family, weight, count) in trials.items())
+
+
 def ensemble_card(data: Any, members: list[dict[str, Any]], **fields: Any):
     """The card of an ensemble directory for ``data`` (a TuneSpec or TrainSpec: its columns, task,
     classes, seed, fingerprint and preprocessor) and its listed ``members``; ``fields``: the rest."""

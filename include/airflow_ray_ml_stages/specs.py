@@ -713,6 +713,15 @@ class TuneSpec(PreprocessedData):
         completed trials' validation predictions; where the weighted average of the trials it picks
         beats the best trial on ``metric``, that ensemble is the best config (family ``ensemble``,
         its members' trained models kept as they are). 0: the best trial alone.
+    :param cv_folds: where one validation split is too small to rank trials by (fewer than 300 rows,
+        or fewer than 100 rows of a class: :func:`airflow_ray_ml_stages.folds.cross_validation_reason`),
+        each trial is trained and scored ``cv_folds`` times over the training and validation rows
+        together, each time validated on the fold it left out (stratified by class): trials are
+        ranked, and the ensemble is selected, by their out-of-fold predictions on all those rows, and
+        a trial's model is the average of its fold models (bagging). 0: every trial trains on the
+        training split and is scored on the validation split.
+    :param cv_max_rows: the most training and validation rows together that are cross-validated: above
+        it a trial trained ``cv_folds`` times would cost too much, and one validation split is used.
     """
 
     stage: ClassVar[str] = "tune"
@@ -734,11 +743,17 @@ class TuneSpec(PreprocessedData):
     reuse_actors: bool = True
     resource_wait_s: float = 120.0
     ensemble_size: int = 25
+    cv_folds: int = 5
+    cv_max_rows: int = 20000
 
     def __post_init__(self) -> None:
         super().__post_init__()
         owner = "TuneSpec"
         require_int_range(owner, "ensemble_size", self.ensemble_size, 0)
+        require_int_range(owner, "cv_max_rows", self.cv_max_rows, 0)
+        require_int_range(owner, "cv_folds", self.cv_folds, 0)
+        if self.cv_folds == 1:
+            raise SpecError(f"{owner}.cv_folds must be 0 (no cross-validation) or at least 2, got 1")
         if not isinstance(self.reuse_actors, bool):
             raise SpecError(f"{owner}.reuse_actors must be true or false, got {self.reuse_actors!r}")
         if self.metric is None:
@@ -805,7 +820,8 @@ class TuneResult(JsonDataclass):
 
     :param best_config: ``family``, ``scaler`` and the family's hyperparameters of the best
         completed trial, or (family ``ensemble``) the ensemble's ``members`` where it beats every
-        trial: pass it as is to RayTrainOperator's ``config``.
+        trial, or the best trial's fold models where the trials were cross-validated (``cv_folds``):
+        pass it as is to RayTrainOperator's ``config``.
     :param best_trial_id: that trial's id (the leaderboard's rank 1); ``ensemble`` for an ensemble.
     :param metric: the validation metric optimised; ``mode`` its direction.
     :param best_metric: the best trial's value of ``metric`` (its final model, on validation).

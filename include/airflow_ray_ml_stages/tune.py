@@ -11,7 +11,10 @@ Run as ``python -m airflow_ray_ml_stages.tune --spec '<json>'`` (a Ray job). The
    over its budget with ``ray.tune.report``; ASHA (default) stops poor trials at those reports;
 3. scores each completed trial's final model on the validation split exactly as the train stage
    does (so RayTrain given the best config reproduces it), records failed and early-stopped trials
-   too, and writes the leaderboard (JSON and CSV), a plot, and the best trial's model directory;
+   too, and writes the leaderboard (JSON and CSV), a plot, and the best trial's model directory.
+   Where the validation split is too small to rank trials by (:mod:`airflow_ray_ml_stages.folds`),
+   each trial instead trains one model per fold of the pooled training and validation rows, is
+   scored on its out-of-fold predictions, and its model is their average;
 4. selects an ensemble of the completed trials on their validation predictions
    (:mod:`airflow_ray_ml_stages.ensemble`): where it beats every trial it is the leaderboard's
    first row (``ensemble``) and the best config, its members the trials' models as trained.
@@ -22,6 +25,7 @@ The test split is not read: choosing never sees it.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import logging
@@ -30,6 +34,7 @@ import os
 import sys
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -40,12 +45,13 @@ from airflow_ray_ml_stages.capacity import (
 )
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
 from airflow_ray_ml_stages.device import choose_device
-from airflow_ray_ml_stages.ensemble import (HOLDOUT_REPEATS, HOLDOUT_TOLERANCE, LIBRARY_FACTOR, assemble, ensemble_card,
-                                            holdout_ratio, library, select_ensemble)
+from airflow_ray_ml_stages.ensemble import (HOLDOUT_REPEATS, HOLDOUT_TOLERANCE, LIBRARY_FACTOR, assemble,
+                                            describe_members, ensemble_card, holdout_ratio, library, select_ensemble)
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
+from airflow_ray_ml_stages.folds import FOLDS_DIR, cross_validation_reason, write_folds
 from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
-from airflow_ray_ml_stages.models import PREPROCESSOR
+from airflow_ray_ml_stages.models import PREPROCESSOR, member_dir
 from airflow_ray_ml_stages.preprocessor import feature_fill, input_types_of
 from airflow_ray_ml_stages.probe import cpu_headroom
 from airflow_ray_ml_stages.search_space import SearchSpace
@@ -74,13 +80,17 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     """Train one sampled config with the train stage's loop and report to Ray Tune.
 
     ``base`` holds what every trial shares (URIs, columns, label mean and std, the scalers' feature maps,
-    seed, threads); the trial writes into ``<artifact_dir>/trials/<trial_id>/``.
+    seed, threads, the cross-validation folds); the trial writes into ``<artifact_dir>/trials/<trial_id>/``.
+    With folds (:mod:`airflow_ray_ml_stages.folds`) it trains one model per fold under its model
+    directory's ``members/<i>/``, writes their out-of-fold predictions as its validation
+    predictions, and its model directory is their average (family ``ensemble``, equal weights).
     """
     from ray import tune
 
+    from airflow_ray_ml_stages.train.contexts import FoldTrialContext
     from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
     from airflow_ray_ml_stages.train.loops import TRAIN_LOOPS, tune_report
-    from airflow_ray_ml_stages.train.run_dir import read_final
+    from airflow_ray_ml_stages.train.run_dir import read_final, write_split_evaluation
 
     space = SearchSpace(base["search_space"])
     config = space.decode(sampled)
@@ -100,26 +110,51 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
         feature_affine=scaling["affine"], uris=base["uris"], data_loading="direct", session="tune",
         feature_fill=None if family == "xgboost" else base["feature_fill"],  # XGBoost takes NaN as missing
     )
-    TRAIN_LOOPS[family](cfg)
-    labels, predictions = read_validation(directory)
-    metrics = validation_metrics(cfg.task, labels, predictions)
-    model_dir = cfg.model_dir
-    input_types = None
-    if scaling["preprocessor_uri"]:
-        preprocessor_json = artifacts.read_bytes(scaling["preprocessor_uri"])
-        artifacts.write_bytes_atomic(artifacts.join(model_dir, PREPROCESSOR), preprocessor_json)
-        input_types = input_types_of(preprocessor_json)
-    ModelCard(
-        family=family, feature_columns=base["feature_columns"], label_column=base["label_column"],
-        task=cfg.task, classes=base["classes"],
-        config={**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})},
-        metrics={"validation": {name[4:]: value for name, value in metrics.items()}},
-        seed=base["seed"], data_fingerprint=base["data_fingerprint"],
-        preprocessor=PREPROCESSOR if scaling["preprocessor_uri"] else None, trial_id=trial_id,
-        input_types=input_types,
-        # the Lightning loop's: which Lightning package trained it
-        framework_versions=read_final(directory).get("framework_versions"),
-    ).write(model_dir)
+    trained = {"family": family, "scaler": config.get("scaler"),
+               "config": {**resolved, **({"scaler": config["scaler"]} if config.get("scaler") else {})}}
+    preprocessor_json = artifacts.read_bytes(scaling["preprocessor_uri"]) if scaling["preprocessor_uri"] else None
+
+    def train(loop_config: TrainLoopConfig, context: Any = None) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+        """One model trained and its card written: its validation labels, predictions and metrics."""
+        TRAIN_LOOPS[family](loop_config, context)
+        labels, predictions = read_validation(loop_config.artifact_dir)
+        metrics = {name[4:]: value for name, value in validation_metrics(cfg.task, labels, predictions).items()}
+        if preprocessor_json is not None:
+            artifacts.write_bytes_atomic(artifacts.join(loop_config.model_dir, PREPROCESSOR), preprocessor_json)
+        ModelCard(
+            family=family, feature_columns=base["feature_columns"], label_column=base["label_column"],
+            task=cfg.task, classes=base["classes"], config=trained["config"], metrics={"validation": metrics},
+            seed=base["seed"], data_fingerprint=base["data_fingerprint"],
+            preprocessor=PREPROCESSOR if preprocessor_json is not None else None, trial_id=trial_id,
+            input_types=None if preprocessor_json is None else input_types_of(preprocessor_json),
+            # the Lightning loop's: which Lightning package trained it
+            framework_versions=read_final(loop_config.artifact_dir).get("framework_versions"),
+        ).write(loop_config.model_dir)
+        return labels, predictions, metrics
+
+    if not base["folds"]:
+        labels, predictions, _ = train(cfg)
+    else:
+        members, fold_labels, fold_predictions = [], [], []
+        for fold, uris in enumerate(base["folds"]):
+            # the first fold reports to Tune as a trial without folds does: ASHA compares trials on it
+            loop_config = dataclasses.replace(cfg, uris=uris, artifact_dir=artifacts.join(directory, FOLDS_DIR, str(fold)),
+                                              model_dir=artifacts.join(cfg.model_dir, member_dir(fold)))
+            labels, predictions, metrics = train(loop_config, None if fold == 0 else FoldTrialContext())
+            fold_labels.append(labels)
+            fold_predictions.append(predictions)
+            members.append({**trained, "dir": member_dir(fold), "weight": 1.0 / len(base["folds"]), "fold": fold,
+                            "trial_id": trial_id, "validation": metrics})
+        labels, predictions = np.concatenate(fold_labels), np.concatenate(fold_predictions)
+        write_split_evaluation(directory, "validation", labels, predictions)
+        if base["preprocessor_uri"]:
+            artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, PREPROCESSOR),
+                                         artifacts.read_bytes(base["preprocessor_uri"]))
+        out_of_fold = validation_metrics(cfg.task, labels, predictions)
+        data = SimpleNamespace(task=cfg.task, **{key: base[key] for key in (
+            "feature_columns", "label_column", "classes", "seed", "data_fingerprint", "preprocessor_uri")})
+        ensemble_card(data, members, trial_id=trial_id, metrics={
+            "validation": {name[4:]: value for name, value in out_of_fold.items()}}).write(cfg.model_dir)
     # The final model's metrics last: the searcher learns what RayTrain would reproduce.
     tune_report({"final": True}, cfg.task, labels, predictions)
 
@@ -429,7 +464,8 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
     columns = [*spec.feature_columns, spec.label_column]
     train_rows, label_mean, label_std, class_priors = label_stats(spec.train_uri, spec.label_column, columns,
                                                                   spec.classes)
-    ParquetSplit(spec.validation_uri, columns)
+    validation_labels = ParquetSplit(spec.validation_uri, columns).to_table([spec.label_column]).column(
+        spec.label_column).to_numpy(zero_copy_only=False)
     scalers = {}
     for scaler in space.scalers:
         if scaler is not None:
@@ -459,6 +495,15 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
         "data_fingerprint": spec.data_fingerprint,
         "feature_fill": feature_fill(spec.preprocessor_uri, list(spec.feature_columns)),
     }
+    pooled_rows = train_rows + len(validation_labels)
+    reason = cross_validation_reason(validation_labels, spec.classes, pooled_rows, spec.cv_folds, spec.cv_max_rows)
+    base["folds"] = []
+    if reason:
+        base["folds"] = write_folds(spec.train_uri, spec.validation_uri, columns, spec.label_column, spec.cv_folds,
+                                    spec.seed, spec.classes is not None, spec.artifact_dir)
+        log.info("cross-validation: %s, so the %d training and validation rows are dealt into %d folds; each trial "
+                 "trains a model per fold, is ranked by its out-of-fold predictions, and its model is their "
+                 "average", reason, pooled_rows, spec.cv_folds)
     name = run_name(spec.artifact_dir)
     log.info("tuning: %d sample(s), searcher %s, scheduler %s, %s per trial, at most %s at once, %d training rows; "
              "run %s", spec.num_samples, spec.searcher, spec.scheduler, resources,
@@ -516,14 +561,17 @@ def run_tuning(spec: TuneSpec) -> TuneResult:
             f"listed in {json_uri}), or raise time_budget_s"
         )
     best = rows[0]
+    best_config = best["config"]
     if best is ensemble:
         best_dir = write_ensemble_dir(spec, ensemble)
-        log.info("the ensemble beats every trial on validation %s: %s", spec.metric, ", ".join(
-            f"{member['trial_id']} ({member['family']}) x {member['weight']:.2f}" for member in best["config"]["members"]))
+        log.info("the ensemble beats every trial on validation %s: %s", spec.metric,
+                 describe_members(best["config"]["members"]))
     else:
         best_dir = artifacts.join(trial_dir(spec.artifact_dir, best["trial_id"]), "model")
+        if base["folds"]:  # the trial's fold models, averaged: the train stage assembles them as they are
+            best_config = {"family": ENSEMBLE, "members": trial_members(spec, best)}
     return TuneResult(
-        best_config=best["config"], best_trial_id=best["trial_id"], metric=spec.metric, mode=spec.mode,
+        best_config=best_config, best_trial_id=best["trial_id"], metric=spec.metric, mode=spec.mode,
         best_metric=best["metrics"][spec.metric], best_metrics=best["metrics"],
         best_checkpoint_uri=best_dir,
         leaderboard_json_uri=json_uri, leaderboard_csv_uri=csv_uri, plot_uri=plot_uri, trials=counts,
@@ -574,17 +622,27 @@ def ensemble_row(spec: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, Any] |
         log.info("ensemble of %d trials: on held-out halves of the validation rows its %s is %.3f times the best "
                  "trial's", len(selection.weights), spec.metric, ratio)
     by_id = {row["trial_id"]: row for row in completed}
-    members = [{"model_dir": artifacts.join(trial_dir(spec.artifact_dir, trial_id), "model"), "weight": weight,
-                "trial_id": trial_id, "family": by_id[trial_id]["family"], "scaler": by_id[trial_id]["scaler"],
-                "config": by_id[trial_id]["config"],
-                "validation": {name.removeprefix("val_"): value for name, value in by_id[trial_id]["metrics"].items()}}
-               for trial_id, weight in selection.weights]
+    members = [member for trial_id, weight in selection.weights
+               for member in trial_members(spec, by_id[trial_id], weight)]
     ended = time.time()
     return {"rank": 0, "trial_id": ENSEMBLE, "family": ENSEMBLE, "scaler": None,
             "config": {"family": ENSEMBLE, "members": members},
             "metrics": {f"val_{name}": value for name, value in selection.metrics.items()}, "status": COMPLETED,
             "iterations": selection.rounds, "time_s": round(ended - started, 3), "error": None, "end_s": None,
             "started_at": round(started, 3), "ended_at": round(ended, 3)}
+
+
+def trial_members(spec: TuneSpec, row: dict[str, Any], weight: float = 1.0) -> list[dict[str, Any]]:
+    """A completed trial as ensemble members (``weight`` shared among them): its model directory, or each of
+    its fold models where it was cross-validated (its directory is their average)."""
+    model_dir = artifacts.join(trial_dir(spec.artifact_dir, row["trial_id"]), "model")
+    recorded = {"trial_id": row["trial_id"], "family": row["family"], "scaler": row["scaler"], "config": row["config"],
+                "validation": {name.removeprefix("val_"): value for name, value in row["metrics"].items()}}
+    card = ModelCard.read(model_dir)
+    if card.family != ENSEMBLE:
+        return [{"model_dir": model_dir, "weight": weight, **recorded}]
+    return [{"model_dir": artifacts.join(model_dir, fold["dir"]), "weight": weight * fold["weight"], **recorded,
+             "fold": fold["fold"]} for fold in card.config["members"]]
 
 
 def write_ensemble_dir(spec: TuneSpec, row: dict[str, Any]) -> str:

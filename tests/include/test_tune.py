@@ -340,3 +340,11 @@ def test_ensemble_config_refuses_bad_members_naming_them(members, message):
     config = resolve_train_config({"family": "ensemble", "members": [{"model_dir": "/m/0", "weight": 3},
                                                                      {"model_dir": "/m/1", "weight": 1}]})
     assert [member["weight"] for member in config["members"]] == [0.75, 0.25]
+
+
+def test_describe_members_names_each_trial_once_with_its_folds_weights_summed():
+    from airflow_ray_ml_stages.ensemble import describe_members
+
+    folds = [{"trial_id": "a1", "family": "xgboost", "weight": 0.15, "fold": fold} for fold in range(5)]
+    members = [*folds, {"trial_id": "b2", "family": "linear", "weight": 0.25}, {"family": "linear", "weight": 0.0}]
+    assert describe_members(members) == "a1 (xgboost, 5 folds) x 0.75, b2 (linear) x 0.25, member 6 (linear) x 0.00"

@@ -7,12 +7,15 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from airflow_ray_ml.errors import RayOperatorError
 from airflow_ray_ml.ray_tune import RayTuneOperator
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.models import load_model
+from airflow_ray_ml_stages.preprocessor import apply_affine
+from airflow_ray_ml_stages.train.run_dir import read_evaluation
 from airflow_ray_ml_stages.train.config import FAMILY_DEFAULTS
 from tests.conftest import load_dag
 from tests.dag_fixtures.tune_dags import START_CONFIGS
@@ -108,6 +111,7 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
     x, y = load_split(preprocess["split_uris"]["validation"], preprocess["feature_columns"], preprocess["label_column"])
     assert regression_metrics(y, model.predict(x))["rmse"] == pytest.approx(manifest["best_metric"], rel=1e-9)
     assert not list(Path(manifest["artifact_dir"]).rglob("test.npz"))  # the test split was never scored
+    assert not (Path(manifest["artifact_dir"]) / "folds").exists()  # 450 validation rows rank the trials
 
     # RayTrain given the ensemble assembles it from the trials' models, as trained: the same validation metric.
     trained = _xcom(dag_run, "train")
@@ -122,6 +126,55 @@ def test_tune_small_search_ranks_every_trial_and_train_reproduces_the_best(airfl
         assert json.loads((copied / "model_card.json").read_text())["trial_id"] == member["trial_id"]
     served_scaler = json.loads((Path(trained["model_dir"]) / "preprocessor.json").read_text())["scaler"]
     assert served_scaler == preprocess_scaler(preprocess)
+
+
+@pytest.mark.integration
+def test_a_small_table_is_cross_validated_and_each_trial_served_as_its_bagged_fold_models(
+        airflow_db, ray_conn, tmp_path_factory):
+    """1,000 rows: a validation split of 150 rows is too few to rank by, so the 850 training and validation rows
+    are pooled into 5 folds (TuneSpec.cv_folds); every trial is ranked on its out-of-fold predictions of all
+    of them, and what RayTrain serves is fold models."""
+    data = write_preprocessed(tmp_path_factory.mktemp("cv-data"), rows=1000, seed=12)
+    features, label = data["feature_columns"], data["label_column"]
+    pooled = [load_split(data["split_uris"][split], features, label)
+              for split in ("train", "validation")]
+    pooled_x, pooled_y = np.concatenate([x for x, _ in pooled]), np.concatenate([y for _, y in pooled])
+    dag_run = _run("tune_then_train", data, SMALL_SPACE, day=8)
+    assert dag_run.state == "success"
+    manifest = _xcom(dag_run, "tune")
+    directory = Path(manifest["artifact_dir"])
+
+    # Each fold validates on rows the fold does not train on; the folds' validation rows are the pooled rows.
+    held_out = []
+    for fold in range(5):
+        train_x, _ = load_split(str(directory / "folds" / str(fold) / "train.parquet"), features, label)
+        val_x, _ = load_split(str(directory / "folds" / str(fold) / "validation.parquet"), features, label)
+        assert not {tuple(row) for row in train_x} & {tuple(row) for row in val_x}
+        assert len(train_x) + len(val_x) == len(pooled_x) and 165 <= len(val_x) <= 175
+        held_out.append(val_x)
+    assert sorted(map(tuple, np.concatenate(held_out))) == sorted(map(tuple, pooled_x))
+
+    rows = [row for row in json.loads(Path(manifest["leaderboard_json_uri"]).read_text())
+            if row["status"] == "COMPLETED" and row["trial_id"] != "ensemble"]
+    assert rows
+    for row in rows:
+        labels, predicted = read_evaluation(str(directory / "trials" / row["trial_id"]), "validation")
+        assert np.array_equal(np.sort(labels), np.sort(pooled_y))  # out of fold: every pooled row once
+        assert regression_metrics(labels, predicted)["rmse"] == pytest.approx(row["metrics"]["val_rmse"])
+        model = load_model(str(directory / "trials" / row["trial_id"] / "model"))
+        assert model.family == "ensemble" and [weight for weight, _, _ in model.members] == [0.2] * 5
+        # the fold-0 model, given the rows it was validated on, predicts what the out-of-fold file holds
+        assert np.allclose(model.members[0][1].predict(held_out[0] if model.members[0][2] is None
+                                                        else apply_affine(held_out[0], *model.members[0][2])),
+                           predicted[:len(held_out[0])], rtol=1e-5, atol=1e-5)
+
+    best = manifest["best_config"]
+    assert best["family"] == "ensemble" and sorted({m["fold"] for m in best["members"]}) == [0, 1, 2, 3, 4]
+    assert sum(member["weight"] for member in best["members"]) == pytest.approx(1)
+    trained = _xcom(dag_run, "train")
+    assert trained["family"] == "ensemble" and trained["training"]["runner"] == "assemble"
+    assert trained["training"]["members"] == len(best["members"])
+    assert trained["metrics"]["test"]["rmse"] < trained["baseline"]["test_rmse"]
 
 
 @pytest.mark.integration

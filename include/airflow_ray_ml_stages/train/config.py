@@ -70,7 +70,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 ENSEMBLE = "ensemble"
 """The family of a model that averages trained trials (``airflow_ray_ml_stages.ensemble``): never
 searched, it is what the tune stage's ensemble selection gives the train stage to assemble."""
-ENSEMBLE_MEMBER_KEYS = ("model_dir", "weight", "trial_id", "family", "scaler", "config", "validation")
+ENSEMBLE_MEMBER_KEYS = ("model_dir", "weight", "trial_id", "family", "scaler", "config", "validation", "fold")
+"""What an ensemble's member may record: its model directory and weight, and the trial (and the
+cross-validation fold, ``TuneSpec.cv_folds``) that trained it."""
 
 BUDGET_KEYS = {"lightning": "max_epochs", "xgboost": "num_boost_round", **{forest: "n_estimators" for forest in FORESTS}}
 """The hyperparameter that sets a family's training length (ASHA's budget is a share of it): epochs,

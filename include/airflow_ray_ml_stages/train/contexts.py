@@ -82,6 +82,14 @@ class TuneTrialContext(InProcessTrainContext):
         return ("validation",)
 
 
+class FoldTrialContext(TuneTrialContext):
+    """A cross-validated Tune trial's later folds (``TuneSpec.cv_folds``): as :class:`TuneTrialContext`, but
+    nothing goes to Ray Tune. The trial's first fold reports its progress (ASHA's rungs compare
+    trials on it); after the last, the trial reports its out-of-fold metrics."""
+
+    tune = False
+
+
 def loop_context(cfg: TrainLoopConfig, context: Any):
     """The context a training loop was given, else the one its place implies (Tune trial or Train worker)."""
     if context is not None:
