@@ -184,6 +184,11 @@ with DAG(
         "searcher": Param(TuneSpec.searcher, type="string", enum=list(SEARCHERS), title="Searcher",
                           section="Search", description="adaptive: random hyperparameters, most trials for the family "
                                                          "that is winning; random search; or Optuna's TPE"),
+        "cv_folds": Param(TuneSpec.cv_folds, type="integer", minimum=0, maximum=20, title="Cross-validation folds",
+                          section="Search", **{"not": {"const": 1}},
+                          description="Where the validation split is too small to rank trials by (under 300 rows, "
+                                      "or 100 of a class), each trial trains this many fold models and is ranked "
+                                      "out of fold; 0: never"),
         "time_budget_s": Param(900, type=["null", "number"], minimum=10, title="Time budget (s)", section="Search",
                                description="Stop the search after this many seconds; empty: no limit"),
         "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, title="Lightning epochs",
@@ -302,6 +307,7 @@ with DAG(
         num_samples="{{ params.num_trials }}",
         time_budget_s="{{ params.time_budget_s }}",
         searcher="{{ params.searcher }}",
+        cv_folds="{{ params.cv_folds }}",
         accelerator="{{ params.accelerator }}",
         doc_md="Search family x scaler x hyperparameters with ASHA; the XCom has the best config and "
                "the leaderboard, which the UI's Ray ML page shows.",

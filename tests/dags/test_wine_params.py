@@ -35,6 +35,11 @@ def test_params_defaults_build_every_task_on_the_demo_data(build):
     assert built["preprocess"]["source"] == built["data_files"]
     assert built["preprocess"]["label_range"] == [0, 10]  # the wine grades', on the demo data only
     assert built["tune"]["searcher"] == "adaptive" and built["tune"]["time_budget_s"] == 900
+    assert built["tune"]["cv_folds"] == 5
+
+
+def test_params_cv_folds_reach_the_tune_spec(build):
+    assert build(cv_folds=0)["tune"]["cv_folds"] == 0 and build(cv_folds=3)["tune"]["cv_folds"] == 3
 
 
 @pytest.mark.parametrize("source", [None, [], [""], ["", "  ", ""]])
@@ -140,6 +145,8 @@ def test_params_empty_search_space_means_the_one_built_from_the_form(build):
     ({"serve_app": "-wine"}, "serve_app"),
     ({"on_schema_change": "ignore"}, "on_schema_change"),
     ({"time_budget_s": 5}, "time_budget_s"),
+    ({"cv_folds": 1}, "cv_folds"),  # one fold is no cross-validation: 0 says never
+    ({"cv_folds": -1}, "cv_folds"),
     ({"search_space": {"family": "catboost"}}, "search_space"),
     # a space's values, not only its shape: each would fail the search_space task
     ({"search_space": {"family": "xgboost", "xgboost": {"eta": {"loguniform": [0, 0.3]}}}}, "search_space"),

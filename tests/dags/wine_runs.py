@@ -18,7 +18,9 @@ ROW = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "res
 # small settings: a short search over both families and both scalers
 SMALL = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 3, "max_epochs": 2, "num_boost_round": 40}
 # what a run that tests something other than the search needs of it: one quick XGBoost trial
-ONE_TRIAL = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 1, "families": ["xgboost"], "num_boost_round": 40}
+# one model trained as the train task trains it (no cross-validation, which 1,500 rows would get)
+ONE_TRIAL = {"demo_rows": 1500, "demo_seed": 1, "num_trials": 1, "families": ["xgboost"], "num_boost_round": 40,
+             "cv_folds": 0}
 WINE_APP, WINE_ROUTE = "wine-quality", "/wine"  # where the pipeline serves with its Deploy Params left empty
 # a deliberately worse search: one shallow boosting round
 WORSE = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
