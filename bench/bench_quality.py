@@ -58,6 +58,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 import airflow_ray_ml_stages  # noqa: E402
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
+from airflow_ray_ml_stages.ensemble import describe_members  # noqa: E402
 from scripts.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, regression_metrics  # noqa: E402
 
@@ -393,7 +394,7 @@ def run_table(client, work: Path, args, params: dict, compute: dict, name: str, 
     print_table(f"{name}, label {label!r}, test split", rows, shown, seconds, len(test_labels))
     family = tuned["best_config"]["family"]
     members = tuned["best_config"].get("members")
-    print(f"\nchampion: {family}" + (f" of {', '.join(m['family'] + ' x ' + format(m['weight'], '.2f') for m in members)}"
+    print(f"\nchampion: {family}" + (f" of {describe_members(members)}"
                                      if members else f" ({tuned['best_config'].get('scaler', 'as written')})")
           + f", {args.num_trials} trials ({tuned['trials']}), {params['searcher']} search; search "
           f"{ours['tune_s']:.1f} s + train {ours['train_s']:.1f} s (submit to manifest, Ray jobs on a local "
