@@ -54,13 +54,17 @@ class RayTuneOperator(StageOperator):
         return requests
 
     def finish(self, submission_id: str, artifact_dir: str, log_offset: int) -> dict[str, Any]:
+        from airflow_ray_ml_stages.ensemble import describe_members
+
         manifest = super().finish(submission_id, artifact_dir, log_offset)
         trials = manifest["trials"]
+        best = manifest["best_config"]
         self.log.info(
-            "Tuned: best %s %s=%.4f (trial %s, %s); %d trials: %d completed, %d stopped early, %d failed in %.1f s "
+            "Tuned: best %s %s=%.4f (trial %s); %d trials: %d completed, %d stopped early, %d failed in %.1f s "
             "(%s search, scheduler %s); leaderboard %s",
-            manifest["best_config"].get("family"), manifest["metric"], manifest["best_metric"],
-            manifest["best_trial_id"], manifest["best_config"].get("scaler", "as written"), trials["total"],
+            f"ensemble of {describe_members(best['members'])}" if best.get("members")
+            else f"{best.get('family')} ({best.get('scaler', 'as written')})", manifest["metric"],
+            manifest["best_metric"], manifest["best_trial_id"], trials["total"],
             trials["completed"], trials["early_stopped"], trials["failed"], manifest["time_s"], manifest["searcher"],
             manifest["scheduler"], manifest["leaderboard_csv_uri"],
         )
