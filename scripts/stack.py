@@ -397,7 +397,10 @@ def print_leaderboard(tuned: dict, top: int = 5) -> None:
         metrics = row.get("metrics") or {}
         config = {k: v for k, v in (row.get("config") or {}).items() if k not in ("family", "scaler")}
         if row.get("family") == "ensemble":  # its members' trials and weights, not their whole configs
-            config = {member["trial_id"]: round(member["weight"], 2) for member in config.get("members", [])}
+            weights: dict[str, float] = {}
+            for member in config.get("members", []):  # a cross-validated trial's fold models: one entry
+                weights[member["trial_id"]] = weights.get(member["trial_id"], 0.0) + member["weight"]
+            config = {trial: round(weight, 2) for trial, weight in weights.items()}
         print(f"{row.get('rank') or '':>4} {row.get('family') or '':<13} {row.get('scaler') or '-':<9} "
               f"{metrics.get(first, float('nan')):>12.4f} {metrics.get(second, float('nan')):>12.4f} "
               f"{row.get('status') or '':<14} {json.dumps(config, sort_keys=True)[:90]}")

@@ -162,8 +162,10 @@ def test_the_leaderboard_report_shows_an_ensemble_by_its_members(tmp_path, capsy
     """make run's report of the search: an ensemble's row (no scaler, members as its config) prints like a trial's."""
     rows = [{"rank": 1, "trial_id": "ensemble", "family": "ensemble", "scaler": None, "status": "COMPLETED",
              "metrics": {"val_rmse": 0.61, "val_mae": 0.47},
-             "config": {"family": "ensemble", "members": [{"trial_id": "a_00001", "weight": 0.6667},
-                                                          {"trial_id": "a_00003", "weight": 0.3333}]}},
+             "config": {"family": "ensemble", "members": [
+                 {"trial_id": "a_00001", "weight": 0.6667},
+                 # a cross-validated trial: its fold models' weights add up
+                 *({"trial_id": "a_00003", "weight": 0.3333 / 3, "fold": fold} for fold in range(3))]}},
             {"rank": 2, "trial_id": "a_00001", "family": "extra_trees", "scaler": "standard", "status": "COMPLETED",
              "metrics": {"val_rmse": 0.64, "val_mae": 0.49}, "config": {"family": "extra_trees", "n_estimators": 100}}]
     (tmp_path / "leaderboard.json").write_text(json.dumps(rows))
@@ -173,5 +175,6 @@ def test_the_leaderboard_report_shows_an_ensemble_by_its_members(tmp_path, capsy
     lines = capsys.readouterr().out.splitlines()
     ensemble = next(line for line in lines if "ensemble" in line)
     assert ensemble.split()[:4] == ["1", "ensemble", "-", "0.6100"] and '"a_00001": 0.67' in ensemble
+    assert '"a_00003": 0.33}' in ensemble
     assert next(line for line in lines if "extra_trees" in line).split()[:3] == ["2", "extra_trees", "standard"]
 
