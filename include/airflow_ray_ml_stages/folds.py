@@ -37,7 +37,7 @@ def cross_validation_reason(validation_labels: np.ndarray, classes: list | None,
     :param pooled_rows: the training and validation rows together; above ``max_rows`` (or with
         ``folds`` 0) there is no cross-validation.
     """
-    if not folds or pooled_rows > max_rows:
+    if not folds or pooled_rows > max_rows or pooled_rows < 2 * folds:  # a fold needs rows to train and validate on
         return None
     rows = len(validation_labels)
     if rows < ENOUGH_VALIDATION_ROWS:

@@ -114,9 +114,11 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
     # 2. a better one, trained on other data (another demo seed), replaces it. The gate scored the
     #    champion over HTTP on this run's test split, not by the metric its card kept; the answer
     #    comes from the model the replica loaded from the bucket
-    #    It is an ensemble of its two trials (XGBoost and ExtraTrees), assembled and served from the bucket
+    #    It is an ensemble (of its two trials, XGBoost and ExtraTrees, or the better one's fold models: its 225
+    #    validation rows are cross-validated), assembled and served from the bucket
     second = _run("wine_quality_pipeline", datetime(2026, 6, 2, tzinfo=timezone.utc),
-                  **{**ONE_TRIAL, "demo_seed": 2, "num_trials": 2, "families": ["xgboost", "extra_trees"]})
+                  **{**ONE_TRIAL, "demo_seed": 2, "num_trials": 2, "families": ["xgboost", "extra_trees"],
+                     "cv_folds": 5})
     second_version = _xcom(second, "train")["model_version"]
     assert _xcom(second, "train")["family"] == "ensemble"
     assert _xcom(second, "preprocess")["fingerprint"] != _xcom(first, "preprocess")["fingerprint"]
@@ -137,6 +139,9 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
         assert any(what in key for key in keys), what
     assert any(key.startswith(model_dir[len("s3://"):] + "/") for key in keys)
     assert any(key.startswith(model_dir[len("s3://"):] + "/members/1/") for key in keys)  # the ensemble's members
+    tune_dir = _xcom(second, "tune")["artifact_dir"][len("s3://"):]
+    for fold in range(5):  # the cross-validation folds, written and read in the bucket
+        assert f"{tune_dir}/folds/{fold}/train.parquet" in keys and f"{tune_dir}/folds/{fold}/validation.parquet" in keys
     for name in ("history.json", "previous_config.json", f"configs/{second_version}.json"):
         assert f"{bucket_root}/serving/wine-quality/{name}" in keys, name
     assert any(key.startswith(f"{bucket_root}/serving/wine-quality/code/") for key in keys)

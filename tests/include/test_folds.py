@@ -64,6 +64,8 @@ def test_cross_validation_where_the_validation_split_is_small_or_a_class_rare_an
     assert cross_validation_reason(many, None, 2000, 5, 20000) is None
     assert cross_validation_reason(few, None, 20001, 5, 20000) is None  # too large to train 5 times
     assert cross_validation_reason(few, None, 2000, 0, 20000) is None  # turned off
+    assert "3 rows" in cross_validation_reason(np.zeros(3), None, 10, 5, 20000)
+    assert cross_validation_reason(np.zeros(3), None, 9, 5, 20000) is None  # too few rows for 5 folds
     rare = np.array([0] * 1450 + [1] * 50)
     assert "50 rows of class 'Yes'" in cross_validation_reason(rare, ["No", "Yes"], 8500, 5, 20000)
     absent = np.array([0] * 200 + [2] * 200)  # a class the validation split lacks is rarest of all
