@@ -321,8 +321,20 @@ def _compact(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
 
 
+def _trial_config(config: Any) -> str:
+    """A leaderboard row's config: an ensemble's by its members (each trial once, a cross-validated one's fold
+    models summed: twenty members' configs and paths would fill the page), any other as compact JSON."""
+    members = config.get("members") if isinstance(config, dict) else None
+    if isinstance(members, list) and all(isinstance(member, dict) and "weight" in member for member in members):
+        from airflow_ray_ml_stages.ensemble import describe_members
+
+        return describe_members(members)
+    return _compact(config)
+
+
 _TEMPLATES.filters["number"] = _number
 _TEMPLATES.filters["compact"] = _compact
+_TEMPLATES.filters["trial_config"] = _trial_config
 
 
 def render(data: PageData) -> str:

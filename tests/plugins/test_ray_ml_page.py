@@ -153,6 +153,22 @@ def test_page_refuses_requests_without_an_airflow_login():
     assert response.status_code == 401
 
 
+def test_leaderboard_shows_an_ensemble_row_by_its_trials_and_a_trial_by_its_config():
+    folds = [{"trial_id": "a1", "family": "xgboost", "weight": 0.15, "fold": fold,
+              "model_dir": f"/artifacts/tune/trials/a1/model/members/{fold}", "config": {"eta": 0.3}} for fold in range(5)]
+    ensemble = {"trial_id": "ensemble", "family": "ensemble", "metrics": {},
+                "config": {"family": "ensemble", "members": [*folds, {"trial_id": "b2", "family": "linear",
+                                                                       "weight": 0.25, "model_dir": "/m/b2"}]}}
+    trial = {"trial_id": "b2", "family": "linear", "metrics": {}, "config": {"alpha": 0.5, "family": "linear"}}
+    data = ray_ml.PageData(conn_id="ray_default")
+    data.tune = ray_ml.TuneRun(dag_id="d", run_id="r", task_id="tune", map_index=-1, pushed_at="now",
+                               result={"best_trial_id": "ensemble", "best_config": ensemble["config"]},
+                               rows=[ensemble, trial])
+    html = ray_ml.render(data)
+    assert html.count("a1 (xgboost, 5 folds) x 0.75, b2 (linear) x 0.25") == 2 and "/members/" not in html
+    assert "{&#34;alpha&#34;: 0.5, &#34;family&#34;: &#34;linear&#34;}" in html
+
+
 def test_leaderboard_that_is_not_a_list_of_rows_is_refused(tmp_path):
     path = tmp_path / "leaderboard.json"
     path.write_text(json.dumps({"rows": []}))
