@@ -64,7 +64,6 @@ NULL_TOKENS = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "
                          "1.#QNAN", "N/A", "NA", "NULL", "NaN", "n/a", "nan", "null"})
 
 
-
 def is_missing(value: object) -> bool:
     """Whether one raw value of a table is missing: null, NaN, or a text of :data:`NULL_TOKENS` (``""``,
     ``NA``, ...) with or without spaces around it, in a text column as in a numeric one."""

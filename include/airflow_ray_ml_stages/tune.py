@@ -49,7 +49,7 @@ from airflow_ray_ml_stages.ensemble import (HOLDOUT_REPEATS, HOLDOUT_TOLERANCE, 
                                             describe_members, ensemble_card, holdout_ratio, library, select_ensemble)
 from airflow_ray_ml_stages.errors import ResourcesUnavailableError, TuneError
 from airflow_ray_ml_stages.folds import FOLDS_DIR, cross_validation_reason, write_folds
-from airflow_ray_ml_stages.metrics import TASK_METRICS, validation_metrics
+from airflow_ray_ml_stages.metrics import TASK_METRICS, task_metrics, validation_metrics
 from airflow_ray_ml_stages.model_card import MODEL_CARD, ModelCard
 from airflow_ray_ml_stages.models import PREPROCESSOR, member_dir
 from airflow_ray_ml_stages.preprocessor import feature_fill, input_types_of
@@ -58,6 +58,7 @@ from airflow_ray_ml_stages.search_space import SearchSpace
 from airflow_ray_ml_stages.specs import ComputeSpec, TuneResult, TuneSpec
 from airflow_ray_ml_stages.stage import main_of, run_stage
 from airflow_ray_ml_stages.train.config import ENSEMBLE, resolve_train_config, training_length
+from airflow_ray_ml_stages.train.run_dir import read_evaluation, read_final, write_split_evaluation
 
 log = logging.getLogger("airflow_ray_ml_stages.tune")
 
@@ -90,7 +91,6 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     from airflow_ray_ml_stages.train.contexts import FoldTrialContext
     from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
     from airflow_ray_ml_stages.train.loops import TRAIN_LOOPS, tune_report
-    from airflow_ray_ml_stages.train.run_dir import read_final, write_split_evaluation
 
     space = SearchSpace(base["search_space"])
     config = space.decode(sampled)
@@ -117,8 +117,8 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
     def train(loop_config: TrainLoopConfig, context: Any = None) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
         """One model trained and its card written: its validation labels, predictions and metrics."""
         TRAIN_LOOPS[family](loop_config, context)
-        labels, predictions = read_validation(loop_config.artifact_dir)
-        metrics = {name[4:]: value for name, value in validation_metrics(cfg.task, labels, predictions).items()}
+        labels, predictions = read_evaluation(loop_config.artifact_dir, "validation")
+        metrics = task_metrics(cfg.task, labels, predictions)
         if preprocessor_json is not None:
             artifacts.write_bytes_atomic(artifacts.join(loop_config.model_dir, PREPROCESSOR), preprocessor_json)
         ModelCard(
@@ -150,19 +150,12 @@ def run_trial(sampled: dict[str, Any], base: dict[str, Any]) -> None:
         if base["preprocessor_uri"]:
             artifacts.write_bytes_atomic(artifacts.join(cfg.model_dir, PREPROCESSOR),
                                          artifacts.read_bytes(base["preprocessor_uri"]))
-        out_of_fold = validation_metrics(cfg.task, labels, predictions)
         data = SimpleNamespace(task=cfg.task, **{key: base[key] for key in (
             "feature_columns", "label_column", "classes", "seed", "data_fingerprint", "preprocessor_uri")})
-        ensemble_card(data, members, trial_id=trial_id, metrics={
-            "validation": {name[4:]: value for name, value in out_of_fold.items()}}).write(cfg.model_dir)
+        ensemble_card(data, members, trial_id=trial_id,
+                      metrics={"validation": task_metrics(cfg.task, labels, predictions)}).write(cfg.model_dir)
     # The final model's metrics last: the searcher learns what RayTrain would reproduce.
     tune_report({"final": True}, cfg.task, labels, predictions)
-
-
-def read_validation(directory: str) -> tuple[np.ndarray, np.ndarray]:
-    data = artifacts.read_bytes(artifacts.join(directory, "evaluation", "validation.npz"))
-    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-        return arrays["y_true"], arrays["y_pred"]
 
 
 # -- the leaderboard ---------------------------------------------------------------------------
@@ -605,7 +598,7 @@ def ensemble_row(spec: TuneSpec, rows: list[dict[str, Any]]) -> dict[str, Any] |
     metric = spec.metric.removeprefix("val_")
     labels, predictions = None, {}
     for row in completed:
-        labels, predictions[row["trial_id"]] = read_validation(trial_dir(spec.artifact_dir, row["trial_id"]))
+        labels, predictions[row["trial_id"]] = read_evaluation(trial_dir(spec.artifact_dir, row["trial_id"]), "validation")
     selection = select_ensemble(labels, predictions, spec.task, metric, spec.mode,
                                 spec.ensemble_size)
     if len(selection.weights) < 2:
@@ -688,7 +681,7 @@ def collect_rows(results, space: SearchSpace, spec: TuneSpec, started_wall: floa
         metrics = None
         names = [f"val_{name}" for name in TASK_METRICS[spec.task]]
         if status == COMPLETED:
-            labels, predictions = read_validation(directory)
+            labels, predictions = read_evaluation(directory, "validation")
             metrics = validation_metrics(spec.task, labels, predictions)
         elif reported and all(name in last for name in names):
             metrics = {name: float(last[name]) for name in names}
