@@ -170,11 +170,14 @@ def port_free(port: int) -> bool:
 
 def free_port() -> int:
     """A port nothing on this machine listens on, for a server this process starts next; never one it
-    picked before (a node's several ports are picked before it binds any)."""
+    picked before (a node's several ports are picked before it binds any), nor one another live
+    process of this machine picked: each pick is claimed (``claim_port``), as Serve binds some of a
+    node's ports only when the first model is deployed, and a process beside it (the CLI that
+    `make run` and the tests start a node with) would otherwise pick the same one meanwhile."""
     rng = secrets.SystemRandom()
     ports = port_range()
     for port in rng.sample(ports, len(ports)):
-        if port not in _PICKED and port_free(port):
+        if port not in _PICKED and port_free(port) and claim_port(port):
             _PICKED.add(port)
             return port
     raise ClusterError(f"no free port in {ports.start}-{ports.stop - 1}: stop a cluster that is no longer needed")
@@ -198,6 +201,44 @@ def _block_free(base: int, size: int) -> bool:
     return all(map(port_free, (*range(base, base + size), *range(base + 5000, base + 5000 + size))))
 
 
+def _claim(claim: Path) -> bool:
+    """Create ``claim`` naming this process, or take it over from a process that is gone; False while
+    a live process holds it (a live node, or a process about to start one)."""
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        try:
+            holder = int(claim.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return False
+        if holder and not _is_zombie(holder):
+            return False
+        claim.unlink(missing_ok=True)  # its holder is gone; the next try takes it if no one else did
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return False
+    with os.fdopen(fd, "w") as handle:
+        handle.write(str(os.getpid()))
+    return True
+
+
+def claim_port(port: int, claims: Path | None = None) -> bool:
+    """Claim ``port`` for this process (False: a live process of this machine holds it). The claim
+    ends with this process, or passes to the node it starts (``hand_over_ports``)."""
+    return _claim((claims or _port_claims()) / f"port-{port}")
+
+
+def hand_over_ports(ports: list[int], holder: int, claims: Path | None = None) -> None:
+    """Let ``holder`` (a node's ``ray start`` process) hold this process's claims on ``ports``: ports
+    the node binds only later (Serve's) stay its own after the process that picked them is gone."""
+    for port in ports:
+        claim = (claims or _port_claims()) / f"port-{port}"
+        with contextlib.suppress(OSError, ValueError):
+            if int(claim.read_text().strip() or 0) == os.getpid():
+                claim.write_text(str(holder))
+
+
 def claim_serve_ports(claims: Path | None = None,
                       blocks: range = SERVE_PORT_BLOCKS) -> tuple[Path, dict[str, str]]:
     """A block of ports for one node's Serve replicas that no other live node of this machine holds.
@@ -215,22 +256,8 @@ def claim_serve_ports(claims: Path | None = None,
     claims = claims or _port_claims()
     for base in blocks:
         claim = claims / str(base)
-        try:
-            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            try:
-                holder = int(claim.read_text().strip() or 0)
-            except (OSError, ValueError):
-                continue
-            if holder and not _is_zombie(holder):  # a live node, or a process about to start one
-                continue
-            claim.unlink(missing_ok=True)  # its node is gone; the next try takes it if no one else did
-            try:
-                fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            except FileExistsError:
-                continue
-        with os.fdopen(fd, "w") as handle:
-            handle.write(str(os.getpid()))
+        if not _claim(claim):
+            continue
         if not _block_free(base, blocks.step):  # something else listens there: keep the claim (it ends with us)
             continue
         last = base + blocks.step - 1
@@ -522,6 +549,7 @@ class LocalRayCluster:
             )
         if claim is not None:
             claim.write_text(str(process.pid))  # held while the node's session lives
+        hand_over_ports([int(env[name]) for name in _OWN_PORT_ENV if env.get(name, "").isdigit()], process.pid)
         self.leader_pids.append(process.pid)
         return process.pid
 

@@ -34,7 +34,8 @@ from tests.train_data import write_preprocessed
 LONG_PARENT = "/home/a-user-with-a-long-name/src/" + "nested-projects/" * 5 + "airflow-ray-ml"
 
 
-def test_free_port_picks_below_the_ephemeral_range_in_its_part_never_twice_and_never_one_in_use(monkeypatch):
+def test_free_port_picks_below_the_ephemeral_range_in_its_part_never_twice_and_never_one_in_use(
+        monkeypatch, tmp_path):
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert localcluster.LISTEN_PORTS.stop <= low or localcluster.LISTEN_PORTS.start > high
     base = localcluster.free_port()  # three ports in a row, free now, stand in for the range
@@ -42,12 +43,47 @@ def test_free_port_picks_below_the_ephemeral_range_in_its_part_never_twice_and_n
         base = localcluster.free_port()
     monkeypatch.setenv(localcluster.PORT_RANGE_ENV, f"{base}-{base + 2}")  # as a worker of the suite is given
     monkeypatch.setattr(localcluster, "_PICKED", set())
+    monkeypatch.setattr(localcluster, "_port_claims", lambda: tmp_path)  # forget this process's claims too
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.bind(("127.0.0.1", base + 1))
         server.listen()
         assert sorted(localcluster.free_port() for _ in range(2)) == [base, base + 2]
         with pytest.raises(ClusterError, match=f"no free port in {base}-{base + 2}"):
             localcluster.free_port()
+
+
+def test_a_port_another_live_process_picked_is_not_picked_until_that_process_is_gone(monkeypatch, tmp_path):
+    """Serve binds a node's fallback-proxy and HAProxy ports only at the first deploy, so a port picked
+    for them looks free until then; a process beside it (the CLI a test starts a node with) must not
+    pick it meanwhile."""
+    base = localcluster.free_port()
+    while not localcluster.port_free(base):
+        base = localcluster.free_port()
+    monkeypatch.setenv(localcluster.PORT_RANGE_ENV, f"{base}-{base}")
+    monkeypatch.setattr(localcluster, "_port_claims", lambda: tmp_path)
+    picker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / f"port-{base}").write_text(str(picker.pid))  # as free_port leaves it in that process
+        with pytest.raises(ClusterError, match=f"no free port in {base}-{base}"):
+            localcluster.free_port()
+        node = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            (tmp_path / f"port-{base}").write_text(str(os.getpid()))
+            localcluster.hand_over_ports([base], node.pid)  # the node that binds it later holds it now
+            picker.kill()
+            picker.wait()
+            assert (tmp_path / f"port-{base}").read_text() == str(node.pid)
+            with pytest.raises(ClusterError):
+                localcluster.free_port()
+        finally:
+            node.kill()
+            node.wait()
+        monkeypatch.setattr(localcluster, "_PICKED", set())
+        assert localcluster.free_port() == base  # its holder is gone: taken over
+        assert (tmp_path / f"port-{base}").read_text() == str(os.getpid())
+    finally:
+        picker.kill()
+        picker.wait()
 
 
 def test_the_suites_workers_pick_ports_from_parts_that_do_not_overlap():
@@ -293,6 +329,13 @@ def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deplo
         assert f"Ray logs in {temp_dir}/ray/session_latest/logs" in started.stdout
         assert Path(temp_dir, "ray", "session_latest", "logs").is_dir()
         assert stat.S_IMODE(os.stat(temp_dir).st_mode) == 0o700
+        # the ports Serve binds only at the first deploy stay claimed by the node, not by the CLI that exited
+        node_env = Path(f"/proc/{state['pid']}/environ").read_bytes().decode().split("\0")
+        serve_ports = [value for name, _, value in (item.partition("=") for item in node_env)
+                       if name in localcluster._OWN_PORT_ENV]
+        assert len(serve_ports) == len(localcluster._OWN_PORT_ENV)
+        assert {(localcluster._port_claims() / f"port-{port}").read_text() for port in serve_ports} == {
+            str(state["pid"])}
 
         monkeypatch.setenv("AIRFLOW_CONN_RAY_LONGPATH", json.dumps({
             "conn_type": "ray_ml",
