@@ -189,6 +189,10 @@ class Preprocessor:
         NaN, in every one-hot column of a category, so XGBoost treats it as missing itself; the other
         families fill it with :meth:`fill_vector` (what imputing the raw value gives). Empty: the
         data had no missing value to impute (a missing category encodes as all zeros, as an unseen one).
+    :param reference: per input column, its training distribution, which batch scoring measures a
+        file's drift against (:mod:`airflow_ray_ml_stages.drift`): decile edges and the share in each
+        bin (numbers, booleans), each category's share, and the share of missing values. Empty in a
+        preprocessor saved before drift reports: its models score without one.
     """
 
     scaler: str
@@ -200,12 +204,14 @@ class Preprocessor:
     classes: list[Any] | None = None
     boolean_columns: list[str] = field(default_factory=list)
     fill: dict[str, float | str] = field(default_factory=dict)
+    reference: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def fit(cls, scaler: str, numeric_columns: list[str], moments: Moments,
             categories: dict[str, list[str]], label_column: str, task: str = "regression",
             classes: list[Any] | None = None, boolean_columns: list[str] | None = None,
-            fill: dict[str, float | str] | None = None) -> "Preprocessor":
+            fill: dict[str, float | str] | None = None,
+            reference: dict[str, dict[str, Any]] | None = None) -> "Preprocessor":
         """Build the preprocessor from the training split's moments (of the imputed values, with ``fill``) and categories."""
         statistics: dict[str, dict[str, float]] = {}
         if scaler == "standard":
@@ -215,7 +221,8 @@ class Preprocessor:
             for index, column in enumerate(numeric_columns):
                 statistics[column] = {"min": float(moments.minimum[index]), "max": float(moments.maximum[index])}
         return cls(scaler, list(numeric_columns), {k: list(v) for k, v in categories.items()}, statistics, label_column,
-                   task, None if classes is None else list(classes), list(boolean_columns or []), dict(fill or {}))
+                   task, None if classes is None else list(classes), list(boolean_columns or []), dict(fill or {}),
+                   dict(reference or {}))
 
     @property
     def input_columns(self) -> list[str]:
@@ -326,6 +333,8 @@ class Preprocessor:
             data["boolean_columns"] = self.boolean_columns
         if self.fill:  # absent otherwise: missing values are not imputed
             data["fill"] = self.fill
+        if self.reference:  # absent in a preprocessor saved before drift reports
+            data["reference"] = self.reference
         return data
 
     def to_json(self) -> str:
@@ -348,7 +357,8 @@ class Preprocessor:
         preprocessor = cls(data["scaler"], list(data["numeric_columns"]), categories,
                            {k: {s: float(x) for s, x in v.items()} for k, v in data["statistics"].items()},
                            data.get("label_column", ""), data.get("task", "regression"), data.get("classes"),
-                           list(data.get("boolean_columns", [])), dict(data.get("fill") or {}))
+                           list(data.get("boolean_columns", [])), dict(data.get("fill") or {}),
+                           dict(data.get("reference") or {}))
         unknown = sorted(set(preprocessor.fill) - set(preprocessor.input_columns))
         wrong = [column for column, value in preprocessor.fill.items() if column in preprocessor.categories
                  and value not in preprocessor.categories[column] or column not in preprocessor.categories

@@ -15,6 +15,9 @@ Nothing is overwritten: the output goes to ``<input name>.predictions-<model ver
 ``-2``, ``-3``... when that exists). On a local filesystem the files are written to a hidden
 temporary directory and renamed into place only when every batch succeeded, so a failed run leaves
 no partial output behind.
+
+Then the file is compared with the model's training data, column by column (:mod:`airflow_ray_ml_stages.drift`):
+the report is written beside the predictions as ``<output>.drift.json`` and is the manifest's ``drift``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import is_missing
+from airflow_ray_ml_stages.drift import DriftCounter, drift_report
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError, quotable
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.preprocessor import boolean_numbers
@@ -116,13 +120,15 @@ class BatchScorer:
     """Loads the model directory once, then scores pandas batches: a Ray Data actor (engine
     ``ray_data``) or an object in the job's driver (``direct``)."""
 
-    def __init__(self, model_dir: str, prediction_column: str, colour_by_path: bool, missing_values: str) -> None:
+    def __init__(self, model_dir: str, prediction_column: str, colour_by_path: bool, missing_values: str,
+                 unseen_categories: str) -> None:
         from airflow_ray_ml_stages.serve import LoadedModel
 
         self.model = LoadedModel.load(model_dir)
         self.prediction_column = prediction_column
         self.colour_by_path = colour_by_path
         self.missing_values = missing_values  # impute, drop or fail (see missing_values_of)
+        self.unseen_categories = unseen_categories  # missing or fail
 
     def _fail(self, message: str) -> None:
         raise DataSourceError(_ERROR_MARK + message)
@@ -168,10 +174,13 @@ class BatchScorer:
             frame[column] = np.where(absent, None, numbers.astype(bool))
         for column, allowed in self.model.preprocessor.categories.items():
             absent = _absent(frame[column])
-            bad = ~frame[column].isin(allowed) & (~absent | (self.missing_values == "fail"))
+            unseen = ~frame[column].isin(allowed) & ~absent
+            bad = unseen | absent if self.missing_values == "fail" else (
+                unseen if self.unseen_categories == "fail" else np.zeros(len(frame), dtype=bool))
             if bad.any():
                 seen = quotable(sorted({str(v) for v in frame.loc[bad, column].head(20)}))
                 self._fail(f"column {column!r} has value(s) {seen} the model was not trained on; allowed: {allowed}")
+            absent = absent | unseen  # scored as missing (unseen_categories='missing'), as the drift report counts it
             missing |= absent
             frame[column] = frame[column].where(~absent, None)
         out = batch.copy()
@@ -289,7 +298,8 @@ def _score_on_ray_data(files: list[str], output_format: str, delimiter: str | No
         dataset = dataset.rename_columns({"path": PATH_COLUMN})
     rows_read = dataset.count() if missing_values == "drop" else None
     scored = dataset.map_batches(
-        BatchScorer, fn_constructor_args=(spec.model_dir, prediction_column, colour_by_path, missing_values),
+        BatchScorer, fn_constructor_args=(spec.model_dir, prediction_column, colour_by_path, missing_values,
+                                          spec.unseen_categories),
         batch_format="pandas", batch_size=spec.batch_size, concurrency=spec.concurrency,
         num_cpus=spec.cpus_per_actor,
     )
@@ -378,7 +388,8 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
         if engine == "direct":
             if local:
                 os.makedirs(target)
-            scorer = BatchScorer(spec.model_dir, prediction_column, colour_by_path, missing_values)
+            scorer = BatchScorer(spec.model_dir, prediction_column, colour_by_path, missing_values,
+                                 spec.unseen_categories)
             rows_read = _score_direct(files, output_format, delimiter, scorer, target, spec.batch_size)
         else:
             rows_read = _score_on_ray_data(files, output_format, delimiter, colour_by_path, spec, prediction_column,
@@ -396,10 +407,76 @@ def run_scoring(spec: ScoreSpec) -> ScoreResult:
     dropped = 0 if rows_read is None else rows_read - rows
     log.info("wrote %d prediction(s) to %s: %s; missing values: %s%s", rows, output_uri, summary, missing_values,
              f" ({dropped} row(s) with a missing value left out)" if dropped else "")
+    drift = report_drift(spec, preprocessor, version, files, output_format, delimiter, colour_by_path, output_uri)
     return ScoreResult(output_uri=output_uri, output_format=output_format, rows=rows,
                        prediction_column=prediction_column, model_dir=spec.model_dir, model_version=version,
                        input_uri=spec.input_uri, predictions=summary, engine=engine, engine_reason=why,
-                       missing_values=missing_values, rows_dropped=dropped)
+                       missing_values=missing_values, rows_dropped=dropped, drift=drift)
+
+
+def drift_counts(files: list[str], output_format: str, delimiter: str | None, colour_by_path: bool,
+                 preprocessor, max_rows: int) -> DriftCounter:
+    """The input's feature values counted into the model's reference bins: at most ``max_rows`` rows,
+    in file order, read with pyarrow (a CSV's columns as text, converted as the scorer converts them)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.dataset as pads
+
+    counter = DriftCounter(preprocessor.reference)
+    columns = list(preprocessor.reference)
+    for uri in files:
+        filesystem, path = artifacts.resolve(uri)
+        if output_format == "parquet":
+            file_format = pads.ParquetFileFormat()
+        else:
+            file_format = pads.CsvFileFormat(parse_options=pacsv.ParseOptions(delimiter=delimiter),
+                                             convert_options=pacsv.ConvertOptions(
+                                                 column_types={column: pa.string() for column in columns}))
+        dataset = pads.dataset(path, filesystem=filesystem, format=file_format)
+        present = [column for column in columns if column in dataset.schema.names]
+        for batch in dataset.to_batches(columns=present):
+            frame = batch.to_pandas().iloc[:max_rows - counter.rows]
+            if colour_by_path and TYPE_COLUMN not in frame:
+                frame[TYPE_COLUMN] = colour_from_name(path)
+            values, missing = {}, {}
+            for column in columns:
+                raw = frame[column]
+                absent = _absent(raw)
+                if column in preprocessor.categories:
+                    values[column] = raw.astype(object).map(str).to_numpy()
+                else:
+                    numbers = (boolean_numbers(raw.to_numpy(dtype=object))[0] if column in preprocessor.boolean_columns
+                               else pd.to_numeric(raw, errors="coerce").to_numpy(dtype="float64", na_value=np.nan))
+                    absent = absent | ~np.isfinite(numbers)
+                    values[column] = numbers
+                missing[column] = absent
+            counter.add(values, len(frame), missing)
+            if counter.rows >= max_rows:
+                return counter
+    return counter
+
+
+def report_drift(spec: ScoreSpec, preprocessor, version: str, files: list[str], output_format: str,
+                 delimiter: str | None, colour_by_path: bool, output_uri: str) -> dict[str, Any]:
+    """The input's drift against the model's training data, written beside the predictions as
+    ``<output>.drift.json``; what the manifest carries of it (the whole report and its URI)."""
+    if not spec.drift_max_rows:
+        return {}
+    if not preprocessor.reference:
+        reason = (f"model {version} was trained before drift reports: its preprocessor holds no training "
+                  "distributions to compare with; retrain it to get them")
+        log.info("drift: unknown: %s", reason)
+        return {"verdict": "unknown", "reason": reason, "model_version": version, "input_uri": spec.input_uri}
+    counter = drift_counts(files, output_format, delimiter, colour_by_path, preprocessor, spec.drift_max_rows)
+    report = drift_report(counter, spec.drift_watch, spec.drift_alert)
+    report_uri = f"{output_uri.rstrip('/')}.drift.json"
+    artifacts.write_json_atomic(report_uri, {**report, "model_version": version, "input_uri": spec.input_uri,
+                                             "output_uri": output_uri})
+    watched = {column: entry["psi"] for column, entry in report["columns"].items() if entry["verdict"] != "stable"}
+    log.info("drift: %s over %d row(s) (PSI watch %g, alert %g)%s; report %s", report["verdict"], report["rows"],
+             spec.drift_watch, spec.drift_alert, f": {report['reason'] or watched}" if watched else "", report_uri)
+    return {**report, "report_uri": report_uri, "model_version": version, "input_uri": spec.input_uri}
 
 
 def main(argv: list[str] | None = None) -> int:

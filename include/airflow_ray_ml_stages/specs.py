@@ -579,6 +579,7 @@ class TrainResult(JsonDataclass):
 
 
 SCORE_MISSING_VALUES = ("model", "impute", "drop", "fail")
+SCORE_UNSEEN_CATEGORIES = ("missing", "fail")
 
 
 @dataclasses.dataclass
@@ -603,6 +604,15 @@ class ScoreSpec(StageSpec):
         ``impute`` (as the model was trained: the training split's median or most frequent value;
         only for a model trained with ``nan_policy='impute'``), ``drop`` (left out of the output,
         counted in ``rows_dropped``), ``fail``, or ``model``: ``impute`` where the model imputes, else ``drop``.
+    :param unseen_categories: what a value of a categorical column that the model was not trained on
+        gets: ``missing`` (scored as a missing value, as ``missing_values`` says; the drift report
+        counts its share per column) or ``fail``.
+    :param drift_watch: a column whose population stability index against the model's training
+        data is at least this is worth watching (the drift report's ``watch``).
+    :param drift_alert: a column whose population stability index is above this has drifted; a
+        file with such a column gets the verdict ``drift``.
+    :param drift_max_rows: the drift report counts at most this many of the input's rows (in file
+        order), read once more in the job's driver; 0: no drift report.
     """
 
     stage: ClassVar[str] = "score"
@@ -616,10 +626,21 @@ class ScoreSpec(StageSpec):
     engine: str = "auto"
     direct_max_bytes: int = DIRECT_MAX_BYTES
     missing_values: str = "model"
+    unseen_categories: str = "missing"
+    drift_watch: float = 0.1
+    drift_alert: float = 0.25
+    drift_max_rows: int = 1_000_000
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require_choice("ScoreSpec", "missing_values", self.missing_values, SCORE_MISSING_VALUES)
+        require_choice("ScoreSpec", "unseen_categories", self.unseen_categories, SCORE_UNSEEN_CATEGORIES)
+        require_positive("ScoreSpec", "drift_watch", self.drift_watch)
+        require_positive("ScoreSpec", "drift_alert", self.drift_alert)
+        if self.drift_alert < self.drift_watch:
+            raise SpecError(f"ScoreSpec.drift_alert ({self.drift_alert!r}) must be at least drift_watch "
+                            f"({self.drift_watch!r}): PSI from watch to alert is worth watching, above alert is drift")
+        require_int_range("ScoreSpec", "drift_max_rows", self.drift_max_rows, 0)
         require_non_empty("ScoreSpec", "input_uri", self.input_uri)
         require_non_empty("ScoreSpec", "model_dir", self.model_dir)
         if self.output_uri is not None:
@@ -637,8 +658,10 @@ class ScoreSpec(StageSpec):
 class ScoreResult(JsonDataclass):
     """What the ``score`` stage wrote: the predictions' location, row count and a summary of them
     (``predictions``: mean, min and max for regression; the count of each class for classification),
-    which engine scored it (``engine``, ``engine_reason``), and what missing values got
-    (``missing_values``: ``impute``, ``drop`` or ``fail``; ``rows_dropped``: rows left out for them)."""
+    which engine scored it (``engine``, ``engine_reason``), what missing values got
+    (``missing_values``: ``impute``, ``drop`` or ``fail``; ``rows_dropped``: rows left out for them),
+    and the drift report (``drift``: the verdict, the drifted columns, each column's PSI, ``report_uri``;
+    empty where ``drift_max_rows`` is 0)."""
 
     output_uri: str
     output_format: str
@@ -652,6 +675,7 @@ class ScoreResult(JsonDataclass):
     engine_reason: str
     missing_values: str = "fail"
     rows_dropped: int = 0
+    drift: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 SEARCHERS = ("adaptive", "random", "optuna")

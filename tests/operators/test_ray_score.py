@@ -23,6 +23,7 @@ from airflow.sdk import DAG
 from airflow_ray_ml.errors import InvalidSpecError
 from airflow_ray_ml.ray_score import RayBatchScoreOperator
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.errors import DataSourceError
 from airflow_ray_ml_stages.score import default_output
 from airflow_ray_ml_stages.serve import LoadedModel
 from airflow_ray_ml_stages.tables import read_tables
@@ -177,3 +178,41 @@ def test_score_without_model_or_app_name_fails_before_any_job_naming_both_fixes(
     with pytest.raises(InvalidSpecError, match=r"task 'score' has no model to score with: pass model= \(a RayTrain "
                                                r"XCom.*\), or app_name= naming the Serve application"):
         score.build_spec({})
+
+
+def _score_here(tmp_path, frame: pd.DataFrame, model_dir: str, name: str, **spec):
+    """The score stage in this process with the direct engine (no Ray job): its result."""
+    from airflow_ray_ml_stages.score import run_scoring
+    from airflow_ray_ml_stages.specs import ScoreSpec
+
+    path = tmp_path / f"{name}.csv"
+    frame.to_csv(path, index=False)
+    return run_scoring(ScoreSpec(artifact_dir=str(tmp_path / f"{name}-stage"), input_uri=str(path),
+                                 model_dir=model_dir, engine="direct", **spec))
+
+
+@pytest.mark.integration
+def test_the_drift_report_finds_no_drift_in_new_rows_and_names_exactly_the_moved_columns_of_shifted_ones(
+        trained, tmp_path):
+    model, files = trained
+    # the new rows, red and white with their type, mixed: the first rows of a file are a sample of it
+    frame = read_tables(files).sample(frac=1.0, random_state=0).reset_index(drop=True)
+    stable = _score_here(tmp_path, frame, model["model_dir"], "same")
+    assert stable.drift["verdict"] != "drift" and stable.drift["rows"] == len(frame), stable.drift
+    assert set(stable.drift["columns"]) == set(LoadedModel.load(model["model_dir"]).input_columns)
+    assert artifacts.read_json(stable.drift["report_uri"])["columns"] == stable.drift["columns"]
+
+    shifted = frame.copy()
+    shifted["sulphates"] = shifted["sulphates"] + 2 * frame["sulphates"].std()
+    shifted["chlorides"] = shifted["chlorides"] - 2 * frame["chlorides"].std()
+    shifted.loc[shifted.index[::10], "type"] = "rosé"
+    moved = _score_here(tmp_path, shifted, model["model_dir"], "moved", drift_max_rows=500)
+    assert moved.drift["verdict"] == "drift" and moved.drift["rows"] == 500  # the first 500 rows only
+    assert set(moved.drift["drifted"]) == {"sulphates", "chlorides", "type"}, moved.drift["columns"]
+    assert moved.drift["columns"]["type"]["unseen"] == pytest.approx(0.1, abs=0.01)
+    assert moved.rows + moved.rows_dropped == len(shifted)  # the rosé rows scored as missing types
+
+    with pytest.raises(DataSourceError, match="'rosé'.*not trained on"):
+        _score_here(tmp_path, shifted, model["model_dir"], "refused", unseen_categories="fail")
+    off = _score_here(tmp_path, frame, model["model_dir"], "off", drift_max_rows=0)
+    assert off.drift == {} and not glob.glob(str(tmp_path / "off.predictions-*.drift.json"))

@@ -22,6 +22,7 @@ from airflow_ray_ml_stages.data.schema import ColumnPlan
 from airflow_ray_ml_stages.data.sources import SourceLayout
 from airflow_ray_ml_stages.data.split import SPLITS, bins_of_hashes
 from airflow_ray_ml_stages.data.validation import clean_batch, imputed_findings, merge_finding
+from airflow_ray_ml_stages.drift import drift_sample
 from airflow_ray_ml_stages.preprocessor import Moments
 from airflow_ray_ml_stages.specs import PreprocessSpec
 
@@ -130,8 +131,14 @@ def split_summaries(numeric: np.ndarray, codes: dict[str, np.ndarray], values: d
             labels = {label_key(k): int(v) for k, v in zip(found, counts)}
         out[name] = {"rows": int(mask.sum()), "moments": Moments.of(part).to_dict(),
                      "categories": categories, "labels": labels}
-        if name == "train" and ctx.nan_policy == "impute":
-            out[name]["samples"] = train_samples(part, ctx)
+        if name == "train":
+            out[name]["drift_samples"] = [drift_sample(part[~np.isnan(part[:, index]), index], ctx.seed).tolist()
+                                          for index in range(len(ctx.numeric))]
+            out[name]["missing"] = {**{column: int(np.isnan(part[:, index]).sum())
+                                       for index, column in enumerate(ctx.numeric)},
+                                    **{column: int((codes[column][mask] < 0).sum()) for column in ctx.categorical}}
+            if ctx.nan_policy == "impute":
+                out[name]["samples"] = train_samples(part, ctx)
     return out
 
 
@@ -183,6 +190,13 @@ def _merge_splits(total: dict[str, dict[str, Any]], summary: dict[str, dict[str,
             found = into.setdefault("samples", [[] for _ in part["samples"]])
             for index, values in enumerate(part["samples"]):
                 found[index] = _sample(np.concatenate([np.asarray(found[index]), np.asarray(values)]), index).tolist()
+        if "drift_samples" in part:
+            found = into.setdefault("drift_samples", [[] for _ in part["drift_samples"]])
+            for index, values in enumerate(part["drift_samples"]):
+                found[index] = drift_sample(np.concatenate([np.asarray(found[index]), np.asarray(values)]),
+                                            index).tolist()
+        for column, count in part.get("missing", {}).items():
+            into.setdefault("missing", {})[column] = into.get("missing", {}).get(column, 0) + count
 
 
 def merge_split_summaries(parts: Iterable[dict[str, dict[str, Any]]], width: int) -> dict[str, dict[str, Any]]:

@@ -31,6 +31,7 @@ from airflow_ray_ml_stages.data.schema import plan_columns
 from airflow_ray_ml_stages.data.sources import download, fingerprint_sources, inspect_source, reader_path
 from airflow_ray_ml_stages.data.split import SPLIT_COLUMN, SPLITS
 from airflow_ray_ml_stages.data.validation import diagnose_csv, raise_findings
+from airflow_ray_ml_stages.drift import training_reference
 from airflow_ray_ml_stages.errors import DataSourceError, quotable
 from airflow_ray_ml_stages.preprocessor import Preprocessor
 from airflow_ray_ml_stages.specs import PreprocessResult, PreprocessSpec
@@ -128,8 +129,10 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
         log.info("imputing missing values from the training split (median, most frequent category): %s",
                  {column: f"{count} row(s) -> {fill[column]!r}" for column, count in total["imputed"].items()}
                  or "none is missing")
+    # what batch scoring measures a file's drift against: the training split's distributions
+    reference = training_reference(train, [*plan.numeric, *plan.boolean], plan.categorical)
     preprocessor = Preprocessor.fit(spec.scaler, plan.numeric, train_moments, categories, plan.label, spec.task,
-                                    ctx.classes, plan.boolean, fill)
+                                    ctx.classes, plan.boolean, fill, reference)
     hasher.join()
 
     # Everything is valid: now write.
@@ -152,7 +155,7 @@ def _run(spec: PreprocessSpec, scratch: str) -> PreprocessResult:
     variants = {}
     for scaler in SCALERS:
         variant = Preprocessor.fit(scaler, plan.numeric, train_moments, categories, plan.label, spec.task, ctx.classes,
-                                   plan.boolean, fill)
+                                   plan.boolean, fill, reference)
         variants[scaler] = artifacts.join(spec.artifact_dir, "preprocessors", f"{scaler}.json")
         artifacts.write_bytes_atomic(variants[scaler], variant.to_json().encode("utf-8"))
     profile_uri = artifacts.join(spec.artifact_dir, "profile.json")
