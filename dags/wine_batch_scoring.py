@@ -16,7 +16,10 @@ carries the model's directory, version and test metrics; this DAG scores with ex
   artifacts: the demo's stand-in for the file a lab would drop off.
 * ``score`` runs the ``score`` stage as a Ray job: actors that each load the model once score the
   file in batches, and the rows plus ``predicted_quality`` land next to the input as
-  ``<name>.predictions-<model version>`` (never over an earlier output).
+  ``<name>.predictions-<model version>`` (never over an earlier output). It also compares the file
+  with the model's training data, column by column (population stability index; the report is
+  written beside the predictions and is in the XCom); where the file has drifted, it updates the
+  ``wine_quality_model/drift`` Asset, which starts ``wine_quality_pipeline`` to retrain.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow_ray_ml.confine import confine_sources
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_score import RayBatchScoreOperator
-from airflow_ray_ml_stages.specs import SCORE_MISSING_VALUES, ScoreSpec
-from airflow_ray_ml_stages.wine import DEMO_APP
+from airflow_ray_ml_stages.specs import SCORE_MISSING_VALUES, SCORE_UNSEEN_CATEGORIES, ScoreSpec
+from airflow_ray_ml_stages.wine import DEMO_APP, DRIFT_ASSET
 
 # The same name as the pipeline's deploy outlet (dags/wine_quality_pipeline.py): Airflow matches
 # assets by name, so this DAG runs after every promotion.
@@ -60,6 +63,11 @@ with DAG(
                                 description="What a row with a missing value gets: impute (as the model was "
                                             "trained), drop (left out and counted), fail, or model: impute where "
                                             "the model was trained with nan_policy 'impute', else drop"),
+        "unseen_categories": Param(ScoreSpec.unseen_categories, type="string", enum=list(SCORE_UNSEEN_CATEGORIES),
+                                   title="Unseen categories",
+                                   description="What a category the model was not trained on gets: missing (scored "
+                                               "as a missing value, as Missing values says, and counted as drift) "
+                                               "or fail"),
     },
     tags=["ray", "ml", "example"],
     doc_md=__doc__,
@@ -117,7 +125,10 @@ with DAG(
         input_uri=chosen,
         model=model,
         missing_values="{{ params.missing_values }}",
-        doc_md="Score the file with Ray Data; predictions are written next to it.",
+        unseen_categories="{{ params.unseen_categories }}",
+        drift_asset=DRIFT_ASSET,
+        doc_md="Score the file with Ray Data; predictions and the drift report are written next to it; a file "
+               "that drifted updates the drift Asset, which starts a retraining run.",
     )
 
     pick_input(model) >> [new_wines, chosen]

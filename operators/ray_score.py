@@ -12,7 +12,10 @@ from airflow_ray_ml.stage import StageOperator
 from airflow_ray_ml_stages.specs import ScoreSpec
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import Asset, Context
+
+DRIFT_ALIAS_PREFIX = "airflow-ray-ml-drift:"
+"""The AssetAlias a scoring task emits its drift event through is this plus the drift Asset's name."""
 
 
 def served_model(hook: RayHook, app_name: str) -> dict[str, Any]:
@@ -44,6 +47,10 @@ class RayBatchScoreOperator(StageOperator):
     :param app_name: the Serve application whose model is used when ``model`` is None; then it is
         required. Scoring runs in a DAG of its own, so it is not derived from the DAG as the
         deploy's is. (templated)
+    :param drift_asset: an Asset (or its name) that gets an event when the file has drifted from
+        the model's training data (the drift report's verdict is ``drift``), with the report in the
+        event's extra; a DAG scheduled on it retrains. None: no event. The task emits it through an
+        AssetAlias outlet of its own, so a stable file emits nothing.
     """
 
     spec_type: ClassVar[type] = ScoreSpec
@@ -52,10 +59,46 @@ class RayBatchScoreOperator(StageOperator):
     template_fields_renderers = {**StageOperator.template_fields_renderers, "model": "json"}
 
     def __init__(self, *, model: dict[str, Any] | str | None = None, app_name: str | None = None,
-                 **kwargs: Any) -> None:
+                 drift_asset: Asset | str | None = None, **kwargs: Any) -> None:
+        from airflow.sdk import Asset, AssetAlias
+
+        self.drift_asset = Asset(drift_asset) if isinstance(drift_asset, str) else drift_asset
+        self.drift_alias = None
+        if self.drift_asset is not None:
+            self.drift_alias = AssetAlias(f"{DRIFT_ALIAS_PREFIX}{self.drift_asset.name}")
+            outlets = kwargs.get("outlets") or []
+            kwargs["outlets"] = [*(outlets if isinstance(outlets, list) else [outlets]), self.drift_alias]
         super().__init__(**kwargs)
         self.model = model
         self.app_name = app_name
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self.announce_drift(context, super().execute(context))
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        return self.announce_drift(context, super().execute_complete(context, event, **kwargs))
+
+    def announce_drift(self, context: Context, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Log the file's drift verdict; where it is ``drift`` and ``drift_asset`` is set, emit the
+        asset event (the report in its extra), which starts the DAGs scheduled on it."""
+        drift = manifest.get("drift") or {}
+        if not drift:
+            return manifest
+        if drift.get("verdict") != "drift":
+            self.log.info("Drift: %s against the training data of %s (report %s)", drift.get("verdict"),
+                          manifest["model_version"], drift.get("report_uri"))
+            return manifest
+        self.log.warning("Drift: %s in %s against the training data of %s (report %s)", drift.get("reason"),
+                         manifest["input_uri"], manifest["model_version"], drift.get("report_uri"))
+        if self.drift_asset is not None:
+            ti = context["ti"]
+            extra = {"reason": drift["reason"], "model_version": manifest["model_version"],
+                     "model_dir": manifest["model_dir"], "input_uri": manifest["input_uri"],
+                     "output_uri": manifest["output_uri"], "dag_id": ti.dag_id, "run_id": ti.run_id,
+                     "drift": drift}
+            context["outlet_events"][self.drift_alias].add(self.drift_asset, extra=extra)
+            self.log.info("Asset event on %r: %s", self.drift_asset.name, drift["reason"])
+        return manifest
 
     def model_dir(self) -> str:
         model = coerce_value(self.model, dict[str, Any] | str | None, f"{self.task_id}.model")

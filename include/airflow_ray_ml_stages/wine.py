@@ -35,6 +35,9 @@ QUALITY_RANGE = (0, 10)
 # Where the demo's model is served: Serve application and route.
 DEMO_APP = "wine-quality"
 DEMO_ROUTE = "/wine"
+DRIFT_ASSET = "wine_quality_model/drift"
+"""The Asset the demo's scoring DAG updates when a file it scored has drifted from the served model's
+training data (dags/wine_batch_scoring.py); the pipeline DAG is scheduled on it."""
 
 
 def serve_endpoint(label: str | None) -> tuple[str, str]:

@@ -12,7 +12,11 @@ SDK has no call for it), so this listener works in two places:
 - where the metadata database is at hand, when a DAG run finishes (the scheduler, or
   ``dag.test()``), it turns every ``decision`` XCom of the run (pushed by ``RayServeDeployOperator``
   and ``RayServeRollbackOperator`` with the serving history's entry) and every ``failure`` XCom of
-  a task that ended failed into the note of that task and, joined, into the run's note.
+  a task that ended failed into the note of that task and, joined, into the run's note;
+- in the scheduler, when a run that drift started begins (an event a ``RayBatchScoreOperator``
+  emitted on its ``drift_asset``), it writes why as the run's note: "Started by drift in alcohol
+  (PSI 0.41), density (0.28) in <the scored file> (model <version>)". The run's decisions and
+  failures are added to that note when it finishes.
 
 A note a person already wrote is never replaced.
 """
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 
 MAX_NOTE_CHARS = 1000  # Airflow's note column holds 1000
 FAILURE_XCOM_KEY = "failure"
+STARTED_BY = "Started by "  # how the note of a run that drift started begins
 # A note quotes this much of an error's first line and of its fix: enough to act on, never a dump
 # of the data a message may quote.
 MAX_ERROR_CHARS = 400
@@ -132,6 +137,26 @@ def failure_text(record: dict[str, Any], subject: str = "") -> str:
     return text[:MAX_NOTE_CHARS]
 
 
+def started_by_text(extras: list[Any]) -> str | None:
+    """Why a run started, from the extras of the asset events it consumed: the drift that scoring
+    tasks found (``RayBatchScoreOperator.announce_drift``); None when no event was a drift."""
+    reasons = [f"{extra['reason']} in {extra.get('input_uri')} (model {extra.get('model_version')})"
+               for extra in extras if isinstance(extra, dict) and extra.get("reason") and "drift" in extra]
+    return (STARTED_BY + "; ".join(reasons))[:MAX_NOTE_CHARS] if reasons else None
+
+
+def _started_by(dag_run: Any) -> str | None:
+    return started_by_text([event.extra for event in dag_run.consumed_asset_events or []])
+
+
+def note_start(dag_run: Any, session: Any) -> str | None:
+    """Write why a run that drift started began as its note (in ``session``); return the text."""
+    text = _started_by(dag_run)
+    if text and not dag_run.note:
+        dag_run.note = text
+    return text
+
+
 def uses_this_provider(task: Any) -> bool:
     """Whether ``task``'s DAG (or the task alone, outside a DAG) runs any of this provider's operators."""
     dag = getattr(task, "dag", None)
@@ -209,30 +234,40 @@ def note_run(dag_run: Any, session: Any) -> list[str]:
     texts = note_decisions(dag_run, session) + note_failures(dag_run, session)
     if texts and not dag_run.note:
         dag_run.note = " · ".join(texts)[:MAX_NOTE_CHARS]
+    elif texts and dag_run.note == _started_by(dag_run):  # our own note of why it started: carry on
+        dag_run.note = " · ".join([dag_run.note, *texts])[:MAX_NOTE_CHARS]
     return texts
 
 
-def _on_finished(dag_run: Any) -> None:
+def _in_session(dag_run: Any, write: Any) -> None:
     from sqlalchemy.orm import object_session
 
     session = object_session(dag_run)
     if session is not None:  # the caller's session: it commits the notes with the run's state
-        note_run(dag_run, session)
+        write(dag_run, session)
         return
     from airflow.utils.session import create_session
 
     with create_session() as own:
-        note_run(own.merge(dag_run), own)
+        write(own.merge(dag_run), own)
+
+
+@hookimpl
+def on_dag_run_running(dag_run: Any, msg: str) -> None:
+    try:
+        _in_session(dag_run, note_start)
+    except Exception as err:  # a missing note never stops a run from starting
+        log.warning("Could not note why run %s started: %s", getattr(dag_run, "run_id", "?"), err)
 
 
 @hookimpl
 def on_dag_run_success(dag_run: Any, msg: str) -> None:
-    _on_finished(dag_run)
+    _in_session(dag_run, note_run)
 
 
 @hookimpl
 def on_dag_run_failed(dag_run: Any, msg: str) -> None:
-    _on_finished(dag_run)
+    _in_session(dag_run, note_run)
 
 
 @hookimpl

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime, timezone
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -50,14 +51,41 @@ def _complete_events(events_file) -> dict[str, tuple[set, set]]:
     return complete
 
 
+def write_shifted_wines(path: Path, rows: int = 600, seed: int = 2027) -> str:
+    """New wines drawn as the demo's are, without the grade, with ``alcohol`` and ``density`` moved by
+    two standard deviations and a tenth of them of a type training never saw (``rosé``)."""
+    from airflow_ray_ml_stages import wine
+
+    frame = wine.generate(rows=rows, seed=seed).drop(columns=[wine.LABEL])
+    for column in SHIFTED_COLUMNS[:2]:
+        frame[column] = frame[column] + 2 * frame[column].std()
+    frame.loc[frame.index[::10], wine.TYPE_COLUMN] = "rosé"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+SHIFTED_COLUMNS = ("alcohol", "density", "type")
+
+
+def _set_paused(dag_id: str, paused: bool) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(DagModel).filter(DagModel.dag_id == dag_id).update({DagModel.is_paused: paused})
+
+
 @pytest.fixture(scope="session")
-def wine_regression(airflow_db, ray_conn, tmp_path_factory):
-    """The regression pipeline end to end, once: what tests/dags/test_wine_pipeline.py and
-    test_lineage.py assert, from the same runs.
+def wine_regression(airflow_db, ray_conn, artifact_root, tmp_path_factory):
+    """The regression pipeline end to end, once: what tests/dags/test_wine_pipeline.py,
+    test_lineage.py and test_drift.py assert, from the same runs.
 
     1. ``wine_quality_pipeline`` with small Params and the Deploy Params as they start, its stage
        tasks deferred, then ``wine_batch_scoring`` on the model it promoted; both with lineage on.
     2. The champion's answers over HTTP: a prediction and its ``/metadata``.
+    3. ``wine_batch_scoring`` again, on a file of shifted wines (``write_shifted_wines``) under the
+       allowed sources: its drift event queues a run of the pipeline, which test_drift.py starts.
 
     The gate against a served champion is the S3 test's second pipeline run (it scores the champion
     live on other data) and, for a challenger kept out, test_ray_serve.py's serve flow.
@@ -78,10 +106,18 @@ def wine_regression(airflow_db, ray_conn, tmp_path_factory):
         scoring = run_dag_in_child(
             "wine_batch_scoring", datetime(2026, 4, 3, tzinfo=timezone.utc), {"new_rows": 400},
             {**env, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "False"}, RUN_TIMEOUT_S)
+        shifted = write_shifted_wines(Path(artifact_root) / "data" / "drift" / "shifted-wines.csv")
+        # Airflow queues a run for an asset event only in DAGs that are not paused (`make run` unpauses
+        # the pipeline); paused again after it, the queued run waits for test_drift.py's scheduler.
+        _set_paused("wine_quality_pipeline", False)
+        drifted = run_dag_in_child(  # without lineage: test_lineage.py reads the first scoring's events
+            "wine_batch_scoring", datetime(2026, 4, 4, tzinfo=timezone.utc), {"input": shifted},
+            {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "False"}, RUN_TIMEOUT_S)
     finally:
+        _set_paused("wine_quality_pipeline", True)
         _delete_serve_applications({WINE_APP})
-    return SimpleNamespace(pipeline=pipeline, scoring=scoring, lineage=_complete_events(events_file),
-                           endpoint=endpoint, answer=answer, card=card)
+    return SimpleNamespace(pipeline=pipeline, scoring=scoring, drifted=drifted, shifted=shifted,
+                           lineage=_complete_events(events_file), endpoint=endpoint, answer=answer, card=card)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,8 @@ from airflow_ray_ml.plugins.decision_notes import (
     failure_record,
     failure_text,
     named_fix,
+    note_start,
+    started_by_text,
     uses_this_provider,
 )
 from airflow_ray_ml.plugins.ray_ml_runs import decode_xcom, list_tune_runs, load_tune_run
@@ -68,6 +70,21 @@ def test_failure_text_whose_fix_is_in_the_error_line_says_it_once_and_names_the_
     assert record["error"] == ERROR.splitlines()[0] and record["fix"] == "Give a table with more rows or lower min_rows"
     assert failure_text(record) == f"Failed: {ERROR.splitlines()[0]}"
     assert failure_text(record, "check_rows") == f"check_rows failed: {ERROR.splitlines()[0]}"
+
+
+def test_a_run_that_drift_started_is_noted_with_the_drift_and_then_its_decisions_after_it():
+    from types import SimpleNamespace
+
+    drift = {"reason": "drift in alcohol (PSI 0.41), density (0.28)", "input_uri": "/data/new.csv",
+             "model_version": "xgboost-1", "drift": {"verdict": "drift"}}
+    promoted = SimpleNamespace(extra={"model_dir": "/m", "model_version": "xgboost-1"})  # not a drift event
+    run = SimpleNamespace(note=None, consumed_asset_events=[promoted, SimpleNamespace(extra=drift)])
+    text = note_start(run, session=None)
+    assert run.note == text == ("Started by drift in alcohol (PSI 0.41), density (0.28) in /data/new.csv "
+                                "(model xgboost-1)")
+    assert started_by_text([promoted.extra]) is None  # a promotion's event starts no such note
+    run.note = "a person's words"
+    assert note_start(run, session=None) == text and run.note == "a person's words"  # never replaced
 
 
 def test_uses_this_provider_only_for_dags_with_its_operators():
