@@ -43,10 +43,12 @@ from airflow_ray_ml.plugins import decision_notes
 from airflow_ray_ml.plugins.ray_ml_runs import (
     LEADERBOARD_KEY,
     SelectorError,
+    DriftRun,
     StageJob,
     TuneRun,
     TuneRunRef,
     find_stage_job,
+    list_drift_runs,
     list_tune_runs,
     load_tune_run,
     parse_selector,
@@ -129,6 +131,8 @@ class ServedApp:
     card_error: str | None = None
     dashboard_link: str = ""
     history: ServingHistory | None = None
+    # the drift reports of the files its models (this one and those its history served) scored
+    drift: list[DriftRun] = field(default_factory=list)
 
 
 @dataclass
@@ -281,6 +285,28 @@ def load_tune(data: PageData, user: Any, selector: str | None = None) -> None:
         data.tune.leaderboard_error = str(err)
 
 
+DRIFT_RUNS_PER_APP = 10
+
+
+def load_drift(data: PageData, user: Any) -> None:
+    """Each application's drift reports: the scoring runs (of DAGs ``user`` may read) whose model is
+    one the application serves or served, newest first."""
+    if not data.apps:
+        return
+    from airflow.utils.session import create_session
+
+    try:
+        with create_session() as session:
+            runs = list_drift_runs(session, data.readable or readable_dag_ids(user))
+    except Exception as err:  # the page renders without them; the reason is logged
+        log.warning("Cannot read the drift reports: %s", err)
+        return
+    for served in data.apps:
+        entries = served.history.entries if served.history else []
+        versions = {served.version, *(entry.served_version for entry in entries)} - {None, ""}
+        served.drift = [run for run in runs if run.model_version in versions][:DRIFT_RUNS_PER_APP]
+
+
 def load_job_statuses(data: PageData) -> None:
     """What Ray says of each stage job now; the first failure to reach Ray ends the lookups."""
     from airflow_ray_ml.hooks.ray import RayHook
@@ -304,6 +330,7 @@ def collect(user: Any, selector: str | None = None, conn_id: str | None = None) 
     data = PageData(conn_id=conn_id or ray_conn_id())
     load_serve(data)
     load_tune(data, user, selector)
+    load_drift(data, user)
     load_job_statuses(data)
     return data
 

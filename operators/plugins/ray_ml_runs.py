@@ -138,8 +138,8 @@ class TuneRun:
 
 def _tune_query(dag_ids: set[str], key: str = LEADERBOARD_KEY, state: str = "success"):
     """XComs ``key`` of the task instances in ``dag_ids`` that ended in ``state``, newest first: the
-    leaderboards of successful Tune runs, or (``FAILURE_XCOM_KEY``, ``"failed"``) the failure records
-    of failed tasks of any stage."""
+    leaderboards of successful Tune runs, (``FAILURE_XCOM_KEY``, ``"failed"``) the failure records
+    of failed tasks of any stage, or (``DRIFT_XCOM_KEY``) the drift reports of scoring tasks."""
     from sqlalchemy import and_, select
 
     from airflow.models.taskinstance import TaskInstance
@@ -357,3 +357,50 @@ def find_stage_job(session, dag_ids: set[str], submission_id: str) -> StageJob |
         if job is not None and job.submission_id == submission_id:
             return job
     return None
+
+
+# -- drift of scored files ------------------------------------------------------------------------
+
+DRIFT_XCOM_KEY = "drift"  # the score stage's manifest key (ScoreResult.drift), an XCom of its own
+DRIFT_RUN_LIMIT = 200
+# Columns named per scoring run on the page: the worst ones.
+DRIFT_COLUMNS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class DriftRun:
+    """One scoring task's drift report: which run, which model and file, the verdict, the worst columns."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    pushed_at: str
+    model_version: str
+    input_uri: str
+    verdict: str
+    reason: str
+    columns: tuple[tuple[str, float, str], ...]  # (column, PSI, verdict), worst first
+    report_uri: str
+
+
+def _drift_run(dag_id: str, run_id: str, task_id: str, map_index: int, timestamp: Any, raw: Any) -> DriftRun | None:
+    report = decode_xcom(raw)
+    if not isinstance(report, dict) or not isinstance(report.get("verdict"), str):
+        return None
+    entries = report.get("columns") if isinstance(report.get("columns"), dict) else {}
+    ranked = sorted(((str(column), float(entry["psi"]), str(entry.get("verdict", "")))
+                     for column, entry in entries.items()
+                     if isinstance(entry, dict) and isinstance(entry.get("psi"), (int, float))),
+                    key=lambda item: -item[1])
+    return DriftRun(dag_id, run_id, task_id, map_index, _timestamp(timestamp), str(report.get("model_version") or ""),
+                    str(report.get("input_uri") or ""), report["verdict"], str(report.get("reason") or ""),
+                    tuple(ranked[:DRIFT_COLUMNS_SHOWN]), str(report.get("report_uri") or ""))
+
+
+def list_drift_runs(session, dag_ids: set[str], limit: int = DRIFT_RUN_LIMIT) -> list[DriftRun]:
+    """The drift reports of the successful scoring tasks in ``dag_ids``, newest first, at most ``limit``."""
+    if not dag_ids:
+        return []
+    rows = session.execute(_tune_query(dag_ids, DRIFT_XCOM_KEY).limit(limit))
+    return [run for run in (_drift_run(*row) for row in rows) if run is not None]

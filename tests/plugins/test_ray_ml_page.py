@@ -17,14 +17,14 @@ import time
 import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import pytest
 import requests
 from markupsafe import escape
 
 from airflow_ray_ml.plugins import ray_ml
-from airflow_ray_ml.plugins.ray_ml_runs import SelectorError, StageJob, TuneRunRef, parse_selector
+from airflow_ray_ml.plugins.ray_ml_runs import DriftRun, SelectorError, StageJob, TuneRunRef, parse_selector
 from airflow_ray_ml.plugins.ray_ml_serving import HistoryEntry, ServingHistory, read_history
 from airflow_ray_ml.serve_history import history_uri, serving_dir
 from tests.conftest import load_dag, serialize_project_dags, serve_apps_deleted_after_module
@@ -79,8 +79,10 @@ def test_page_escapes_everything_it_shows():
     data = ray_ml.PageData(conn_id=hostile, dashboard_url="http://127.0.0.1:8265", readable={hostile})
     history = ServingHistory(uri="/h", total=1, entries=[HistoryEntry(
         at=hostile, action=hostile, dag_id=hostile, run_id=hostile, challenger_version=hostile, reason=hostile)])
+    drift = [DriftRun(hostile, hostile, hostile, -1, hostile, hostile, hostile, hostile, hostile,
+                      ((hostile, 0.5, hostile),), hostile)]
     data.apps = [ray_ml.ServedApp(name=hostile, status="RUNNING", endpoint="http://h/x", version=hostile,
-                                  history=history)]
+                                  history=history, drift=drift)]
     data.tune_runs = [TuneRunRef(hostile, hostile, hostile, -1, hostile)]
     data.tune = ray_ml.TuneRun(dag_id=hostile, run_id="r", task_id="t", map_index=-1, pushed_at="now",
                                result={"best_trial_id": hostile, "plot_uri": "/p.png"},
@@ -88,7 +90,7 @@ def test_page_escapes_everything_it_shows():
     data.jobs = [StageJob(hostile, "r", hostile, -1, hostile, message=hostile)]
     html = ray_ml.render(data)
     assert hostile not in html and "<script>alert" not in html
-    assert html.count("&lt;script&gt;") >= 15
+    assert html.count("&lt;script&gt;") >= 22
 
 
 def test_history_of_an_application_reads_newest_first_and_names_any_action(tmp_path):
@@ -343,6 +345,35 @@ def test_ray_ml_page_in_headless_chromium_shows_version_history_after_a_promotio
     assert 'href="../dags/ray_ml_page_followup/runs/' in section  # the deciding run, in Airflow's UI
     assert 'data-app="wine-ui" data-version="">Roll back to the previous model</button>' in section
     assert '<span class="muted">serving</span>' in section  # the promoted version is the live one: no Pin
+
+
+@pytest.mark.integration
+def test_page_lists_the_drift_of_each_file_the_served_model_scored_worst_column_first(served_and_tuned, api_server,
+                                                                                        tmp_path):
+    from airflow_ray_ml_stages import wine
+
+    frame = wine.generate(rows=400, seed=5).drop(columns=[wine.LABEL])
+    frame["alcohol"] = frame["alcohol"] + 2 * frame["alcohol"].std()
+    moved = tmp_path / "moved-wines.csv"
+    frame.to_csv(moved, index=False)
+    when = datetime(2026, 7, 5, tzinfo=timezone.utc)
+    scoring = load_dag("score_file").test(logical_date=when, run_after=when,
+                                          run_conf={"input": str(moved), "model": served_and_tuned["trained"]})
+    assert scoring.state == "success"
+    page = f"{api_server}{ray_ml.URL_PREFIX}/"
+    status = requests.get(f"{page}status.json", timeout=60).json()
+    app = next(app for app in status["applications"] if app["name"] == UI_APP)
+    (run,) = [run for run in app["drift"] if run["run_id"] == scoring.run_id]
+    assert (run["verdict"], run["input_uri"], run["dag_id"]) == ("drift", str(moved), "score_file")
+    assert run["model_version"] == served_and_tuned["trained"]["model_version"]
+    assert run["columns"][0][0] == "alcohol" and run["columns"][0][2] == "drift", run["columns"]
+
+    html = requests.get(page, timeout=60).text
+    section = html[html.index(f'data-history-app="{UI_APP}"'):]
+    section = section[:section.index("</section>")]
+    assert 'class="drift-run" data-verdict="drift"' in section
+    assert f'<span class="drift-drift">alcohol ({run["columns"][0][1]:.2f})</span>' in section
+    assert f'href="../dags/score_file/runs/{quote(scoring.run_id)}"' in section  # the scoring run, in Airflow's UI
 
 
 @pytest.mark.integration
