@@ -8,7 +8,6 @@ run is started by Airflow's real scheduler from the drift event those runs left 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from tests.conftest import ROOT, load_dag
 from tests.dags.conftest import SHIFTED_COLUMNS
 from tests.dags.wine_runs import asset_events
 from tests.operators.test_ray_job import _xcom
+from tests.scheduler import running_scheduler
 
 PIPELINE = "wine_quality_pipeline"
 
@@ -57,38 +57,6 @@ def test_shifted_wines_drift_on_exactly_the_moved_columns_and_update_the_drift_a
     (event,) = events
     assert event["reason"] == drift["reason"] and event["input_uri"] == wine_regression.shifted
     assert event["model_version"] == scored["model_version"] and event["drift"]["drifted"] == drift["drifted"]
-
-
-def _pause_all_but(dag_id: str) -> None:
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        session.query(DagModel).filter(DagModel.dag_id != dag_id).update({DagModel.is_paused: True})
-        session.query(DagModel).filter(DagModel.dag_id == dag_id).update({DagModel.is_paused: False})
-
-
-@contextlib.contextmanager
-def _scheduler(log_path):
-    """Airflow's scheduler on the test DB. Its executor's tasks cannot reach an API server (none
-    runs): the test needs only the run it starts, not the run's work."""
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include"), os.environ.get("PYTHONPATH", "")]),
-           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "1",
-           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://127.0.0.1:9/execution/"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "airflow", "scheduler"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 15)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
 
 
 def _drift_runs() -> list:
@@ -128,10 +96,10 @@ def test_the_drift_event_starts_a_retraining_run_whose_note_names_the_drifted_co
         DRIFT_ASSET]
     subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
                    check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-    _pause_all_but(PIPELINE)
     started: list = []
     try:
-        with _scheduler(tmp_path / "scheduler.log"):
+        # no API server runs, so its executor's tasks cannot: the test needs only the run it starts
+        with running_scheduler(tmp_path / "scheduler.log", PIPELINE, "http://127.0.0.1:9"):
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and not any(note for _, note, _ in started):
                 time.sleep(1)

@@ -9,10 +9,6 @@ calls to the endpoint to see which model answers.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -30,6 +26,7 @@ from airflow_ray_ml_stages import artifacts
 from tests.conftest import ROOT, load_dag, serialize_project_dags, serve_apps_deleted_after_module
 from tests.dags.wine_conf import trigger_params
 from tests.plugins.api_server import running_api_server
+from tests.scheduler import running_scheduler
 
 APP, ROUTE = "wine-rollback", "/rollback"
 ROLLBACK_DAG = "ray_serve_rollback"
@@ -156,42 +153,6 @@ def test_kept_champion_deploy_carries_its_reason_in_the_task_and_run_notes(serve
                                f"{decision['challenger']:.4f} vs champion {decision['champion']:.4f}")
 
 
-def _pause_all_but(dag_id: str) -> None:
-    """Pause every other DAG in the test DB: a scheduler must run only the rollback, not (say) the
-    wine DAG's weekly run, which a browser test may have unpaused through the trigger form."""
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        session.query(DagModel).filter(DagModel.dag_id != dag_id).update({DagModel.is_paused: True})
-        session.query(DagModel).filter(DagModel.dag_id == dag_id).update({DagModel.is_paused: False})
-
-
-@contextlib.contextmanager
-def _scheduler(log_dir, api_base: str, jwt_secret: str):
-    """Airflow's scheduler with the LocalExecutor on the test DB, running only the rollback DAG;
-    its tasks talk to ``api_base``."""
-    _pause_all_but(ROLLBACK_DAG)
-    env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include"), os.environ.get("PYTHONPATH", "")]),
-           "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "2",
-           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api_base}/execution/",
-           "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret}
-    with open(log_dir / "scheduler.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "airflow", "scheduler"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 15)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
-
-
 def _wait_for_run(base: str, run_id: str, log_dir, timeout_s: float = 240) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -220,7 +181,7 @@ def test_rollback_and_pin_from_the_page_run_as_dag_runs_and_change_the_served_mo
     secret = "rollback-test-jwt-secret"
     with running_api_server(tmp_path, AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
                             AIRFLOW__API_AUTH__JWT_SECRET=secret) as base, \
-            _scheduler(tmp_path, base, secret):
+            running_scheduler(tmp_path / "scheduler.log", ROLLBACK_DAG, base, AIRFLOW__API_AUTH__JWT_SECRET=secret):
         # A cross-site form cannot send the header: without it nothing is triggered.
         refused = requests.post(f"{base}/ray-ml/apps/{APP}/actions", json={"version": None}, timeout=30)
         assert refused.status_code == 403, refused.text
