@@ -353,8 +353,11 @@ def report_scoring(client: AirflowClient, after: str, timeout_s: float) -> None:
             if run["state"] == "success" and skipped:
                 print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: skipped the scoring: {skipped}")
             elif run["state"] == "success" and isinstance(scored, dict):
+                drift = scored.get("drift") or {}
                 print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: scored {scored['rows']} new wines with "
-                      f"{scored['model_version']}; predictions in {scored['output_uri']}")
+                      f"{scored['model_version']}; predictions in {scored['output_uri']}"
+                      + (f"; drift against the training data: {drift.get('reason') or drift['verdict']}"
+                         if drift.get("verdict") else ""))
             else:
                 print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: {run['state']} (see its task logs in the UI)")
             return
