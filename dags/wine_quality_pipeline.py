@@ -60,6 +60,7 @@ from airflow_ray_ml.serve_schema import DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
 from airflow_ray_ml_stages.constants import ACCELERATOR_CHOICES, NAN_POLICIES, SCALERS, TASKS
+from airflow_ray_ml_stages.folds import ENOUGH_CLASS_ROWS, ENOUGH_VALIDATION_ROWS
 from airflow_ray_ml_stages.search_space import DEFAULT_SEARCH_SPACE, search_space_json_schema
 from airflow_ray_ml_stages.specs import (
     PLACEMENT_STRATEGIES,
@@ -196,9 +197,9 @@ with DAG(
                                                          "that is winning; random search; or Optuna's TPE"),
         "cv_folds": Param(TuneSpec.cv_folds, type="integer", minimum=0, maximum=20, title="Cross-validation folds",
                           section="Search", **{"not": {"const": 1}},
-                          description="Where the validation split is too small to rank trials by (under 300 rows, "
-                                      "or 100 of a class), each trial trains this many fold models and is ranked "
-                                      "out of fold; 0: never"),
+                          description="Where the validation split is too small to rank trials by (under "
+                                      f"{ENOUGH_VALIDATION_ROWS} rows, or {ENOUGH_CLASS_ROWS} of a class), each trial "
+                                      "trains this many fold models and is ranked out of fold; 0: never"),
         "time_budget_s": Param(900, type=["null", "number"], minimum=10, title="Time budget (s)", section="Search",
                                description="Stop the search after this many seconds; empty: no limit"),
         "max_epochs": Param(30, type="integer", minimum=1, maximum=1000, title="Lightning epochs",

@@ -396,17 +396,17 @@ def print_leaderboard(tuned: dict, top: int = 5) -> None:
 
     first, second = [f"val_{name}" for name in TASK_METRICS[task_of_metric(tuned["metric"])]][:2]
     print(f"{'rank':>4} {'family':<13} {'scaler':<9} {first:>12} {second:>12} {'status':<14} config")
+    from airflow_ray_ml_stages.ensemble import describe_members
+
     for row in rows[:top]:
         metrics = row.get("metrics") or {}
         config = {k: v for k, v in (row.get("config") or {}).items() if k not in ("family", "scaler")}
-        if row.get("family") == "ensemble":  # its members' trials and weights, not their whole configs
-            weights: dict[str, float] = {}
-            for member in config.get("members", []):  # a cross-validated trial's fold models: one entry
-                weights[member["trial_id"]] = weights.get(member["trial_id"], 0.0) + member["weight"]
-            config = {trial: round(weight, 2) for trial, weight in weights.items()}
+        # an ensemble by its members' trials and weights (as the tune log and the page say it), not their configs
+        text = (describe_members(config.get("members", [])) if row.get("family") == "ensemble"
+                else json.dumps(config, sort_keys=True))
         print(f"{row.get('rank') or '':>4} {row.get('family') or '':<13} {row.get('scaler') or '-':<9} "
               f"{metrics.get(first, float('nan')):>12.4f} {metrics.get(second, float('nan')):>12.4f} "
-              f"{row.get('status') or '':<14} {json.dumps(config, sort_keys=True)[:90]}")
+              f"{row.get('status') or '':<14} {text[:90]}")
     print(f"leaderboard: {tuned['leaderboard_csv_uri']}\nplot: {tuned['plot_uri']}")
 
 
