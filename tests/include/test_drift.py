@@ -7,6 +7,7 @@ a boolean, drawn the same way for training and for the files to score (then shif
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from airflow_ray_ml_stages.drift import (DriftCounter, categorical_reference, drift_report, numeric_reference, psi,
@@ -116,3 +117,54 @@ def test_the_reference_comes_from_the_data_stages_training_summary_only():
     assert reference["alcohol"]["missing"] == reference["colour"]["missing"] == 0.2
     assert reference["colour"]["categories"] == {"red": 3 / 8, "white": 5 / 8}
     assert min(reference["alcohol"]["edges"]) >= 1.0 and max(reference["alcohol"]["edges"]) <= 8.0
+
+
+def _rents(rows: int, seed: int) -> pd.DataFrame:
+    """A table that is not wine: a fifth of ``area`` missing, a boolean ``balcony`` (yes/no), a
+    district with a few empty values, the rent to predict."""
+    generator = np.random.default_rng(seed)
+    table = pd.DataFrame({"area": generator.gamma(4.0, 18.0, rows),
+                          "balcony": generator.choice(["yes", "no"], rows, p=[0.4, 0.6]),
+                          "district": generator.choice(["north", "south", "east"], rows, p=[0.5, 0.3, 0.2])})
+    table["rent"] = 9.5 * table["area"] + np.where(table["balcony"] == "yes", 60.0, 0.0) + generator.normal(0, 40, rows)
+    table.loc[generator.random(rows) < 0.2, "area"] = np.nan
+    table.loc[generator.random(rows) < 0.05, "district"] = ""
+    return table
+
+
+def test_the_data_stage_keeps_the_training_distributions_and_a_new_file_is_measured_against_them(tmp_path):
+    """The real path on a table that is not wine, without a cluster: the data stage's reference in the
+    preprocessor (a numeric column with missing values, a boolean, a category with empty values) and
+    the score stage's count of a CSV file into it."""
+    from airflow_ray_ml_stages.data.stage import run_preprocess
+    from airflow_ray_ml_stages.preprocessor import Preprocessor
+    from airflow_ray_ml_stages.score import drift_counts
+    from airflow_ray_ml_stages.specs import PreprocessSpec
+
+    (tmp_path / "rents.csv").write_text(_rents(4000, seed=1).to_csv(index=False))
+    result = run_preprocess(PreprocessSpec(source=[str(tmp_path / "rents.csv")], label_column="rent",
+                                           artifact_dir=str(tmp_path / "data"), categorical_columns=["district"]))
+    reference = Preprocessor.load(result.preprocessor_uri).reference
+    assert set(reference) == {"area", "balcony", "district"}
+    assert reference["area"]["missing"] == pytest.approx(0.2, abs=0.03)  # the training split's own share
+    assert reference["balcony"]["edges"] == [0.0, 1.0] and reference["balcony"]["missing"] == 0.0
+    assert set(reference["district"]["categories"]) == {"north", "south", "east"}
+    assert reference["district"]["missing"] == pytest.approx(0.05, abs=0.02)
+    for variant in result.preprocessor_variants.values():  # every scaler's preprocessor carries it
+        assert Preprocessor.load(variant).reference == reference
+
+    def report(table: pd.DataFrame, name: str) -> dict:
+        path = tmp_path / f"{name}.csv"
+        table.drop(columns=["rent"]).to_csv(path, index=False)
+        return drift_report(drift_counts([str(path)], "csv", ",", False, Preprocessor.load(result.preprocessor_uri),
+                                         10**6), watch=0.1, alert=0.25)
+
+    same = report(_rents(2000, seed=2), "same")
+    assert same["verdict"] == "stable", same["columns"]
+    emptier = _rents(2000, seed=3)
+    emptier.loc[emptier.index[::2], "district"] = ""  # half the districts missing now
+    emptier["balcony"] = "yes"  # and every flat has a balcony
+    moved = report(emptier, "moved")
+    assert set(moved["drifted"]) == {"district", "balcony"}, moved["columns"]
+    assert moved["columns"]["district"]["missing"] == pytest.approx(0.5, abs=0.03)
+    assert moved["columns"]["area"]["verdict"] == "stable"
