@@ -232,8 +232,9 @@ def claim_port(port: int, claims: Path | None = None) -> bool:
 def hand_over_ports(ports: list[int], holder: int, claims: Path | None = None) -> None:
     """Let ``holder`` (a node's ``ray start`` process) hold this process's claims on ``ports``: ports
     the node binds only later (Serve's) stay its own after the process that picked them is gone."""
+    claims = claims or _port_claims()
     for port in ports:
-        claim = (claims or _port_claims()) / f"port-{port}"
+        claim = claims / f"port-{port}"
         with contextlib.suppress(OSError, ValueError):
             if int(claim.read_text().strip() or 0) == os.getpid():
                 claim.write_text(str(holder))

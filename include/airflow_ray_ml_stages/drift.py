@@ -3,7 +3,7 @@
 The data stage keeps, in the fitted preprocessor (``reference``), each feature's training
 distribution: a numeric or boolean column's decile edges with the training share in each bin, a
 categorical column's share of each category, and every column's share of missing values
-(:func:`reference_of`). The score stage counts the file's values into the same bins
+(:func:`training_reference`). The score stage counts the file's values into the same bins
 (:class:`DriftCounter`, batch by batch) and scores each column by its population stability
 index (PSI): ``sum((input share - training share) * ln(input share / training share))`` over the
 bins, a bin of missing values, and for a categorical column a bin of categories training never
@@ -30,13 +30,6 @@ rare, not as infinitely rare."""
 VERDICTS = ("stable", "watch", "drift")
 
 
-def drift_sample(values: np.ndarray, seed: int) -> np.ndarray:
-    """At most :data:`DRIFT_SAMPLE_VALUES` of ``values``, a seeded uniform choice where there are more."""
-    if len(values) <= DRIFT_SAMPLE_VALUES:
-        return values
-    return np.random.default_rng(seed).choice(values, DRIFT_SAMPLE_VALUES, replace=False)
-
-
 def training_reference(train: dict[str, Any], numeric_columns: list[str],
                        categorical_columns: list[str]) -> dict[str, dict[str, Any]]:
     """Every feature's reference from the data stage's merged training-split summary: its rows, a
@@ -44,7 +37,7 @@ def training_reference(train: dict[str, Any], numeric_columns: list[str],
     ``numeric_columns`` order), each category's count and each column's count of missing values."""
     rows, missing = int(train["rows"]), train.get("missing") or {}
     samples = train.get("drift_samples") or [[] for _ in numeric_columns]
-    reference = {column: numeric_reference(np.asarray(values, dtype="float64"), missing.get(column, 0), rows)
+    reference = {column: numeric_reference(values, missing.get(column, 0), rows)
                  for column, values in zip(numeric_columns, samples)}
     reference.update({column: categorical_reference(train["categories"].get(column, {}), missing.get(column, 0), rows)
                       for column in categorical_columns})
@@ -73,40 +66,32 @@ def categorical_reference(counts: dict[str, int], missing: int, rows: int) -> di
 
 
 class DriftCounter:
-    """Counts a file's values into its model's reference bins, batch by batch (mergeable: :meth:`merge`)."""
+    """Counts a file's values into its model's reference bins, batch by batch."""
 
     def __init__(self, reference: dict[str, dict[str, Any]]) -> None:
         self.reference = reference
-        self.counts: dict[str, np.ndarray] = {}
         self.rows = 0
-        for column, ref in reference.items():
-            bins = len(ref["edges"]) + 1 if "edges" in ref else len(ref["categories"]) + 1  # + unseen
-            self.counts[column] = np.zeros(bins + 1, dtype=np.int64)  # + missing, last
+        # per column: a numeric one's edges, or a categorical one's position of each category
+        self.bins = {column: np.asarray(ref["edges"], dtype="float64") if "edges" in ref
+                     else {value: position for position, value in enumerate(ref["categories"])}
+                     for column, ref in reference.items()}
+        # per column: one count per bin (a category's last: one training never saw), then the missing ones
+        self.counts = {column: np.zeros(len(bins) + 2, dtype=np.int64) for column, bins in self.bins.items()}
 
     def add(self, columns: dict[str, Any], rows: int, missing: dict[str, np.ndarray]) -> None:
         """Count one batch: per column, its values (numbers as floats, categories as text) and where
         each is missing (``missing``, a boolean array)."""
         self.rows += rows
-        for column, ref in self.reference.items():
+        for column, bins in self.bins.items():
             absent = missing[column]
             counts = self.counts[column]
             counts[-1] += int(absent.sum())
-            if "edges" in ref:
-                numbers = np.asarray(columns[column], dtype="float64")[~absent]
-                counts[:-1] += np.bincount(np.searchsorted(np.asarray(ref["edges"]), numbers, side="left"),
-                                           minlength=len(ref["edges"]) + 1)
+            if isinstance(bins, np.ndarray):
+                positions = np.searchsorted(bins, np.asarray(columns[column], dtype="float64")[~absent], side="left")
             else:
-                known = list(ref["categories"])
-                index = {value: position for position, value in enumerate(known)}
                 values = np.asarray(columns[column], dtype=object)[~absent]
-                positions = np.array([index.get(str(value), len(known)) for value in values], dtype=np.int64)
-                counts[:-1] += np.bincount(positions, minlength=len(known) + 1)
-
-    def merge(self, other: "DriftCounter") -> "DriftCounter":
-        self.rows += other.rows
-        for column in self.counts:
-            self.counts[column] += other.counts[column]
-        return self
+                positions = np.array([bins.get(str(value), len(bins)) for value in values], dtype=np.int64)
+            counts[:-1] += np.bincount(positions, minlength=len(bins) + 1)
 
 
 def psi(actual: np.ndarray, expected: np.ndarray) -> float:

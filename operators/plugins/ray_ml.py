@@ -42,8 +42,8 @@ from airflow_ray_ml.links.ray import PAGE_URL_PREFIX
 from airflow_ray_ml.plugins import decision_notes
 from airflow_ray_ml.plugins.ray_ml_runs import (
     LEADERBOARD_KEY,
-    SelectorError,
     DriftRun,
+    SelectorError,
     StageJob,
     TuneRun,
     TuneRunRef,

@@ -136,7 +136,7 @@ class TuneRun:
         return TuneRunRef(self.dag_id, self.run_id, self.task_id, self.map_index).selector
 
 
-def _tune_query(dag_ids: set[str], key: str = LEADERBOARD_KEY, state: str = "success"):
+def _task_xcoms_query(dag_ids: set[str], key: str = LEADERBOARD_KEY, state: str = "success"):
     """XComs ``key`` of the task instances in ``dag_ids`` that ended in ``state``, newest first: the
     leaderboards of successful Tune runs, (``FAILURE_XCOM_KEY``, ``"failed"``) the failure records
     of failed tasks of any stage, or (``DRIFT_XCOM_KEY``) the drift reports of scoring tasks."""
@@ -160,7 +160,7 @@ def _tune_query(dag_ids: set[str], key: str = LEADERBOARD_KEY, state: str = "suc
 
 
 def _failed_tune_query(dag_ids: set[str]):
-    return _tune_query(dag_ids, FAILURE_XCOM_KEY, "failed")
+    return _task_xcoms_query(dag_ids, FAILURE_XCOM_KEY, "failed")
 
 
 def _tune_failure(raw: Any) -> dict[str, Any] | None:
@@ -179,7 +179,7 @@ def list_tune_runs(session, dag_ids: set[str], limit: int = TUNE_RUN_LIMIT) -> l
     if not dag_ids:
         return []
     runs = []
-    for dag_id, run_id, task_id, map_index, timestamp, raw in session.execute(_tune_query(dag_ids).limit(limit)):
+    for dag_id, run_id, task_id, map_index, timestamp, raw in session.execute(_task_xcoms_query(dag_ids).limit(limit)):
         uri = decode_xcom(raw)
         if isinstance(uri, str) and uri:
             runs.append(TuneRunRef(dag_id, run_id, task_id, map_index, _timestamp(timestamp)))
@@ -199,7 +199,7 @@ def load_tune_run(session, dag_ids: set[str], ref: TuneRunRef) -> TuneRun | None
 
     if ref.dag_id not in dag_ids:
         return None
-    query = _tune_query({ref.dag_id}).where(XComModel.run_id == ref.run_id, XComModel.task_id == ref.task_id,
+    query = _task_xcoms_query({ref.dag_id}).where(XComModel.run_id == ref.run_id, XComModel.task_id == ref.task_id,
                                             XComModel.map_index == ref.map_index)
     found = session.execute(query.limit(1)).first()
     uri = decode_xcom(found.value) if found else None
@@ -402,5 +402,5 @@ def list_drift_runs(session, dag_ids: set[str], limit: int = DRIFT_RUN_LIMIT) ->
     """The drift reports of the successful scoring tasks in ``dag_ids``, newest first, at most ``limit``."""
     if not dag_ids:
         return []
-    rows = session.execute(_tune_query(dag_ids, DRIFT_XCOM_KEY).limit(limit))
+    rows = session.execute(_task_xcoms_query(dag_ids, DRIFT_XCOM_KEY).limit(limit))
     return [run for run in (_drift_run(*row) for row in rows) if run is not None]

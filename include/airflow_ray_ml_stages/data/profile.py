@@ -22,7 +22,7 @@ from airflow_ray_ml_stages.data.schema import ColumnPlan
 from airflow_ray_ml_stages.data.sources import SourceLayout
 from airflow_ray_ml_stages.data.split import SPLITS, bins_of_hashes
 from airflow_ray_ml_stages.data.validation import clean_batch, imputed_findings, merge_finding
-from airflow_ray_ml_stages.drift import drift_sample
+from airflow_ray_ml_stages.drift import DRIFT_SAMPLE_VALUES
 from airflow_ray_ml_stages.preprocessor import Moments
 from airflow_ray_ml_stages.specs import PreprocessSpec
 
@@ -86,17 +86,23 @@ SAMPLE_VALUES = 100_000
 exact up to this many training rows, else the median of a seeded uniform sample of them)."""
 
 
-def _sample(values: np.ndarray, seed: int) -> np.ndarray:
-    """At most :data:`SAMPLE_VALUES` of ``values``, a seeded uniform choice where there are more."""
-    if len(values) <= SAMPLE_VALUES:
+# What each sample of the training values is kept for, and its size: the imputed medians, the drift bins.
+SAMPLES = {"samples": SAMPLE_VALUES, "drift_samples": DRIFT_SAMPLE_VALUES}
+
+
+def _sample(values: np.ndarray, seed: int, limit: int = SAMPLE_VALUES) -> np.ndarray:
+    """At most ``limit`` of ``values``, a seeded uniform choice where there are more."""
+    if len(values) <= limit:
         return values
-    return np.random.default_rng(seed).choice(values, SAMPLE_VALUES, replace=False)
+    return np.random.default_rng(seed).choice(values, limit, replace=False)
 
 
-def train_samples(part: np.ndarray, ctx: BatchContext) -> list[list[float]]:
+def train_samples(part: np.ndarray, ctx: BatchContext, limit: int = SAMPLE_VALUES) -> list[list[float]]:
     """Per numeric and boolean column, the present values of a batch's training rows (a sample past
-    :data:`SAMPLE_VALUES`): what the imputed medians are taken from."""
-    return [_sample(part[~np.isnan(part[:, index]), index], ctx.seed).tolist() for index in range(len(ctx.numeric))]
+    ``limit``): what the imputed medians (:data:`SAMPLE_VALUES`) and the drift bins
+    (:data:`~airflow_ray_ml_stages.drift.DRIFT_SAMPLE_VALUES`) are taken from."""
+    return [_sample(part[~np.isnan(part[:, index]), index], ctx.seed, limit).tolist()
+            for index in range(len(ctx.numeric))]
 
 
 def medians(samples: list[list[float]]) -> list[float | None]:
@@ -132,8 +138,7 @@ def split_summaries(numeric: np.ndarray, codes: dict[str, np.ndarray], values: d
         out[name] = {"rows": int(mask.sum()), "moments": Moments.of(part).to_dict(),
                      "categories": categories, "labels": labels}
         if name == "train":
-            out[name]["drift_samples"] = [drift_sample(part[~np.isnan(part[:, index]), index], ctx.seed).tolist()
-                                          for index in range(len(ctx.numeric))]
+            out[name]["drift_samples"] = train_samples(part, ctx, DRIFT_SAMPLE_VALUES)
             out[name]["missing"] = {**{column: int(np.isnan(part[:, index]).sum())
                                        for index, column in enumerate(ctx.numeric)},
                                     **{column: int((codes[column][mask] < 0).sum()) for column in ctx.categorical}}
@@ -186,15 +191,12 @@ def _merge_splits(total: dict[str, dict[str, Any]], summary: dict[str, dict[str,
                 target[value] = target.get(value, 0) + count
         for value, count in part["labels"].items():
             into["labels"][value] = into["labels"].get(value, 0) + count
-        if "samples" in part:
-            found = into.setdefault("samples", [[] for _ in part["samples"]])
-            for index, values in enumerate(part["samples"]):
-                found[index] = _sample(np.concatenate([np.asarray(found[index]), np.asarray(values)]), index).tolist()
-        if "drift_samples" in part:
-            found = into.setdefault("drift_samples", [[] for _ in part["drift_samples"]])
-            for index, values in enumerate(part["drift_samples"]):
-                found[index] = drift_sample(np.concatenate([np.asarray(found[index]), np.asarray(values)]),
-                                            index).tolist()
+        for key, limit in SAMPLES.items():
+            if key in part:
+                found = into.setdefault(key, [[] for _ in part[key]])
+                for index, values in enumerate(part[key]):
+                    found[index] = _sample(np.concatenate([np.asarray(found[index]), np.asarray(values)]), index,
+                                           limit).tolist()
         for column, count in part.get("missing", {}).items():
             into.setdefault("missing", {})[column] = into.get("missing", {}).get(column, 0) + count
 
