@@ -71,6 +71,18 @@ def _drift_runs() -> list:
                 for run in runs]
 
 
+def _set_default_pool_slots(slots: int) -> int:
+    """Give Airflow's default pool ``slots``; return what it had. With none, the scheduler starts a run
+    but queues none of its tasks: no task process loads the 2-CPU machine that other tests share."""
+    from airflow.models.pool import Pool
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        pool = session.query(Pool).filter(Pool.pool == Pool.DEFAULT_POOL_NAME).one()
+        before, pool.slots = pool.slots, slots
+        return before
+
+
 def _end(run_ids: list[str]) -> None:
     """Mark the runs the scheduler started, and their tasks, failed: nothing of them is left to run."""
     from airflow.models.dagrun import DagRun
@@ -97,8 +109,9 @@ def test_the_drift_event_starts_a_retraining_run_whose_note_names_the_drifted_co
     subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
                    check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
     started: list = []
+    default_slots = _set_default_pool_slots(0)  # the run starts; none of its tasks is sent to run
     try:
-        # no API server runs, so its executor's tasks cannot: the test needs only the run it starts
+        # the test needs only the run it starts: no task runs, and none could (no API server runs)
         with running_scheduler(tmp_path / "scheduler.log", PIPELINE, "http://127.0.0.1:9"):
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and not any(note for _, note, _ in started):
@@ -112,6 +125,7 @@ def test_the_drift_event_starts_a_retraining_run_whose_note_names_the_drifted_co
         assert all(column in note for column in SHIFTED_COLUMNS)
         assert json.dumps(events[0]["drift"]["drifted"]) == json.dumps(drift["drifted"])
     finally:
+        _set_default_pool_slots(default_slots)
         _end([run_id for run_id, _, _ in started])
         monkeypatch.delenv("WINE_PIPELINE_SCHEDULE")
         subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
