@@ -23,21 +23,27 @@ from __future__ import annotations
 
 import hashlib
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow_ray_ml.contract import coerce_value, operator_setting
 from airflow_ray_ml.errors import InvalidSpecError, ServeDeployError, ServeModelRejectedError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
-from airflow_ray_ml.serve_application import ServeApplicationOperator
+from airflow_ray_ml.serve_application import READY_POLL_S, ServeApplicationOperator
 from airflow_ray_ml.serve_apps import (
-    APP_IMPORT_PATH, DEPLOYMENT_NAME, OWNER_KEY, ROUTE_PREFIX, app_name_for_dag, app_owner, check_ownership,
+    APP_IMPORT_PATH, DEPLOYMENT_NAME, OWNER_KEY, ROUTE_PREFIX, app_model_dir, app_name_for_dag, app_owner,
+    check_ownership,
 )
 from airflow_ray_ml.serve_config import (
     SERVE_INSTANCE_SETTINGS, instance_settings, live_applications, live_instance_settings, upload_code,
 )
 from airflow_ray_ml.serve_gate import answer_error, champion_metric, check_smoke_answer, gate
+from airflow_ray_ml import serve_approval
 from airflow_ray_ml.serve_history import config_uri, previous_config_uri
+from airflow_ray_ml.serve_rollout import (
+    POLL_S, Rollout, challenger_deployment, evidence, live_metrics, verdict, without_rollout,
+)
 from airflow_ray_ml.serve_schema import (
     DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES, ModelSchema, schema_change_reason,
 )
@@ -47,6 +53,9 @@ from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, TASK_METRICS
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+# The XCom that keeps a deploy's gate decision while it waits for approval.
+PENDING_XCOM_KEY = "pending_promotion"
 
 
 class RayServeDeployOperator(ServeApplicationOperator):
@@ -85,11 +94,33 @@ class RayServeDeployOperator(ServeApplicationOperator):
         ``controller_options`` only when it starts. (templated)
     :param ready_timeout_s: how long the new version may take to answer.
     :param smoke_rows: rows of the test split sent in the smoke test.
+    :param rollout: how a challenger that passed the gate meets live traffic before it is promoted
+        (``airflow_ray_ml.serve_rollout``): ``direct`` (promoted at once), ``shadow`` (a share of live
+        requests is mirrored to it; clients get the champion's answers) or ``canary`` (a share is
+        answered by it; the champion answers what it fails). With nothing served yet, or a schema
+        change, it is promoted directly. (templated)
+    :param rollout_share: the share of requests the challenger gets, in (0, 1]; None: all of them
+        in shadow, one in ten in canary. (templated)
+    :param rollout_rows: rows compared (shadow) or answered (canary) before the verdict.
+    :param rollout_timeout_s: the longest the rollout lasts; the verdict is on what it saw by then.
+    :param rollout_labels: a CSV or Parquet file of rows that clients sent, with the label that
+        became known later (every input column and the label column): both models are scored on
+        the mirrored rows it labels and the gate decides on them. A path or URL from Params must lie
+        under the allowed sources (``airflow_ray_ml.confine``). (templated)
+    :param max_error_rate: how much more often than the champion the challenger may fail requests
+        (a share); more rolls it back.
+    :param max_latency_ratio: how many times the champion's median answer time the challenger's
+        may be; more keeps the champion.
+    :param approval: ask a person to approve the promotion (Airflow's Human-in-the-loop form, with
+        the test metrics, the live comparison and the drift that started the run), once the gate
+        and the rollout would promote; a rejection keeps the champion and records the reason. (templated)
+    :param approval_timeout: how long the approval may wait; then it counts as rejected. None: no limit.
+    :param approvers: the users who may answer (Airflow user names); None: anyone who may edit the DAG.
     """
 
     template_fields: Sequence[str] = (
         "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "force", "on_schema_change",
-        "allow_takeover", "serve_instance_options",
+        "allow_takeover", "serve_instance_options", "rollout", "rollout_share", "rollout_labels", "approval",
     )
     template_fields_renderers = {"model": "json", "data": "json", "compute": "json", "serve_instance_options": "json"}
     operator_extra_links = (RayServeEndpointLink(), RayServeDashboardLink())
@@ -114,6 +145,16 @@ class RayServeDeployOperator(ServeApplicationOperator):
         serve_instance_options: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 180.0,
         smoke_rows: int = 8,
+        rollout: str = "direct",
+        rollout_share: float | str | None = None,
+        rollout_rows: int = 1000,
+        rollout_timeout_s: float = 600.0,
+        rollout_labels: str | None = None,
+        max_error_rate: float = 0.01,
+        max_latency_ratio: float = 2.0,
+        approval: bool | str = False,
+        approval_timeout: timedelta | None = None,
+        approvers: list[str] | None = None,
         ray_conn_id: str = RayHook.default_conn_name,
         artifact_root: str | None = None,
         **kwargs: Any,
@@ -136,6 +177,16 @@ class RayServeDeployOperator(ServeApplicationOperator):
         self.allow_takeover = allow_takeover
         self.serve_instance_options = serve_instance_options
         self.smoke_rows = smoke_rows
+        self.rollout = rollout
+        self.rollout_share = rollout_share
+        self.rollout_rows = rollout_rows
+        self.rollout_timeout_s = rollout_timeout_s
+        self.rollout_labels = rollout_labels
+        self.max_error_rate = max_error_rate
+        self.max_latency_ratio = max_latency_ratio
+        self.approval = approval
+        self.approval_timeout = approval_timeout
+        self.approvers = approvers
 
     # -- the endpoint ---------------------------------------------------------------------------
 
@@ -150,8 +201,10 @@ class RayServeDeployOperator(ServeApplicationOperator):
     def _check_ownership(self, state: dict[str, Any], dag_id: str) -> str | None:
         return check_ownership(self.app_name, self.live_app(state), dag_id, self.allow_takeover)
 
-    def app_config(self, model: dict[str, Any], compute: dict[str, Any], dag_id: str) -> dict[str, Any]:
-        """This application's entry in Serve's config: ``model`` served by replicas sized for ``compute``, owned by ``dag_id``."""
+    def app_config(self, model: dict[str, Any], compute: dict[str, Any], dag_id: str,
+                   challenger: dict[str, Any] | None = None, rollout: dict[str, Any] | None = None) -> dict[str, Any]:
+        """This application's entry in Serve's config: ``model`` served by replicas sized for ``compute``,
+        owned by ``dag_id``; with ``challenger`` beside it as ``rollout`` (its ``user_config`` entry) says."""
         actor_options: dict[str, Any] = {"num_cpus": self.replica_cpus}
         if compute.get("use_gpu"):
             actor_options["num_gpus"] = 0.5  # fractional: serving shares the GPU with training
@@ -160,20 +213,20 @@ class RayServeDeployOperator(ServeApplicationOperator):
         runtime_env: dict[str, Any] = {"env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}
         if artifacts.is_remote(self.serving_dir):
             runtime_env["py_modules"] = [upload_code(self.serving_dir)]
+        user_config = {"model_dir": model["model_dir"], "model_version": model["model_version"], OWNER_KEY: dag_id}
+        deployments = [{"name": DEPLOYMENT_NAME, "user_config": user_config,
+                        "autoscaling_config": self.autoscaling_config, "ray_actor_options": actor_options,
+                        "max_ongoing_requests": 64}]
+        if challenger is not None and rollout is not None:
+            user_config["rollout"] = rollout
+            deployments.append(challenger_deployment(actor_options, challenger, rollout))
         return {
             "name": self.app_name,
             "route_prefix": self.route_prefix,
             "import_path": APP_IMPORT_PATH,
             "args": {"api_key_sha256": hashlib.sha256(self.api_key.encode()).hexdigest() if self.api_key else None},
             "runtime_env": runtime_env,
-            "deployments": [{
-                "name": DEPLOYMENT_NAME,
-                "user_config": {"model_dir": model["model_dir"], "model_version": model["model_version"],
-                                OWNER_KEY: dag_id},
-                "autoscaling_config": self.autoscaling_config,
-                "ray_actor_options": actor_options,
-                "max_ongoing_requests": 64,
-            }],
+            "deployments": deployments,
         }
 
     # -- checking --------------------------------------------------------------------------------
@@ -246,17 +299,24 @@ class RayServeDeployOperator(ServeApplicationOperator):
         if options is not None and (not isinstance(options, dict) or set(options) - set(SERVE_INSTANCE_SETTINGS)):
             raise InvalidSpecError(f"{self.task_id}.serve_instance_options takes only Serve's instance-wide "
                                    f"settings {list(SERVE_INSTANCE_SETTINGS)}; got {options!r:.200}")
+        self.approval = operator_setting(self.approval, bool, f"{self.task_id}.approval")
+        self.rollout_labels = coerce_value(self.rollout_labels, str | None, f"{self.task_id}.rollout_labels")
+
+    @property
+    def rollout_plan(self) -> Rollout:
+        """The rollout settings, checked (``airflow_ray_ml.serve_rollout.Rollout``)."""
+        share = coerce_value(self.rollout_share, float | None, f"{self.task_id}.rollout_share")
+        return Rollout(mode=operator_setting(self.rollout, str, f"{self.task_id}.rollout"), share=share,
+                       rows=self.rollout_rows, timeout_s=self.rollout_timeout_s, labels=self.rollout_labels,
+                       max_error_rate=self.max_error_rate, max_latency_ratio=self.max_latency_ratio)
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_ray_ml.compat import AirflowSkipException
 
         self.check_endpoint_names()
         self.coerce_settings()
-        model = dict(self.model) if isinstance(self.model, dict) else {}
-        for key in ("model_dir", "model_version", "metrics"):
-            if key not in model:
-                raise InvalidSpecError(f"model must be the RayTrain XCom (model=train.output) with {key!r}; "
-                                       f"got {self.model!r:.200}")
+        rollout = self.rollout_plan
+        model = self._model_xcom()
         metric = self.task_metric(model)
         challenger = float(model["metrics"]["test"][metric])
         compute = dict(self.compute) if isinstance(self.compute, dict) else {}
@@ -264,6 +324,10 @@ class RayServeDeployOperator(ServeApplicationOperator):
         dag_id = context["ti"].dag_id
         state = self.serve_state()
         self._check_ownership(state, dag_id)  # before anything is scored or written
+        if rollout.labels:
+            from airflow_ray_ml.confine import confine_sources
+
+            confine_sources(rollout.labels, ray_conn_id=self.ray_conn_id, artifact_root=self.artifact_root)
         rows, labels, schema = self._test_rows()
         record = {"dashboard_url": self.hook.dashboard_url, "endpoint": self.endpoint, "app": self.app_name}
         context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
@@ -286,22 +350,202 @@ class RayServeDeployOperator(ServeApplicationOperator):
         taken_from = self._check_ownership(state, dag_id)  # again: another DAG may have deployed meanwhile
         live_instance, applications = live_instance_settings(state), live_applications(state)
         previous_app = next((app for app in applications if app.get("name") == self.app_name), None)
-        instance, not_applied = instance_settings(live_instance, self.start_settings(), self.serve_instance_options)
-        if not_applied:
-            self.log.warning("Serve is running, so %s stay as they are: Serve takes them only when it starts",
-                             ", ".join(not_applied))
         if taken_from:
             self.log.warning("Taking application %r over from %s (allow_takeover=True)", self.app_name, taken_from)
         previous_uri = previous_config_uri(self.serving_dir)
         previous = {**live_instance, "applications": applications} if live_instance is not None else None
         artifacts.write_json_atomic(previous_uri, {"config": previous, "version": champion_version,
                                                    "owner": app_owner(previous_app)})
-        config = self.with_app(instance, applications, self.app_config(model, compute, dag_id))
-        self.log.info("Promoting %s (%s); previous config kept in %s", model["model_version"], why, previous_uri)
+        if rollout.live and champion_version and not changes and not self.force:
+            summary["rollout"] = self._try_live(context, model, compute, dag_id, rollout, summary, previous_app)
+            summary["reason"] = f"{why}; {rollout.mode}: {summary['rollout']['verdict']}"
+        elif rollout.live:
+            self.log.info("No %s: %s, so the challenger is promoted directly", rollout.mode,
+                          "force=True" if self.force else "the schema changed" if changes else "nothing is served yet")
+        if self.approval:
+            context["ti"].xcom_push(key=PENDING_XCOM_KEY, value=summary)
+            self.log.info("Asking for approval to promote %s", model["model_version"])
+            serve_approval.ask(self, context, subject=f"Promote {model['model_version']} to {self.app_name}?",
+                               body=serve_approval.evidence_body(summary, summary.get("rollout"), self._drift(context)),
+                               timeout=self.approval_timeout, approvers=self.approvers,
+                               method_name="resume_after_approval")
+        return self._promote(context, model, compute, dag_id, summary)
+
+    def resume_after_approval(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The approval's answer: promote, or keep the champion with the reason given."""
+        from airflow_ray_ml.compat import AirflowSkipException
+
+        self.check_endpoint_names()
+        self.coerce_settings()
+        model = self._model_xcom()
+        summary = context["ti"].xcom_pull(task_ids=self.task_id, key=PENDING_XCOM_KEY,
+                                          map_indexes=context["ti"].map_index)
+        if not isinstance(summary, dict):
+            raise ServeDeployError(f"the gate's decision of this task ({PENDING_XCOM_KEY!r} XCom) is gone; "
+                                   "clear the task to run the gate again")
+        answer = serve_approval.answer_of(event)
+        summary = {**summary, "approval": answer}
+        if answer["approved"]:
+            self.log.info("Approved by %s", answer["by"])
+            return self._promote(context, model, dict(self.compute) if isinstance(self.compute, dict) else {},
+                                 context["ti"].dag_id, summary)
+        if summary.get("rollout"):
+            self._end_rollout()
+        why = f"rejected by {answer['by'] or 'no one'}" + (f": {answer['reason']}" if answer["reason"] else "")
+        state = self.serve_state()
+        owner = app_owner((self.live_app(state) or {}).get("deployed_app_config"))
+        self.record(context, {"action": "kept_champion", "owner": owner, **summary, "reason": why})
+        self.log.info("Kept champion %s: %s", summary.get("champion_version"), why)
+        raise AirflowSkipException(f"kept champion {summary.get('champion_version')}: {why}")
+
+    def _model_xcom(self) -> dict[str, Any]:
+        model = dict(self.model) if isinstance(self.model, dict) else {}
+        for key in ("model_dir", "model_version", "metrics"):
+            if key not in model:
+                raise InvalidSpecError(f"model must be the RayTrain XCom (model=train.output) with {key!r}; "
+                                       f"got {self.model!r:.200}")
+        return model
+
+    def _drift(self, context: Context) -> list[str]:
+        """The drift that started this run: the reasons in the drift events it consumed."""
+        reasons = []
+        for events in (context.get("triggering_asset_events") or {}).values():
+            for event in events:
+                extra = getattr(event, "extra", None) or {}
+                if isinstance(extra, dict) and extra.get("reason") and "drift" in extra:
+                    reasons.append(str(extra["reason"]))
+        return reasons
+
+    def _put_app(self, app: dict[str, Any] | None) -> dict[str, Any]:
+        """PUT this application's config ``app`` beside the other live applications and Serve's live
+        settings; return the whole config put."""
+        state = self.serve_state()
+        live_instance = live_instance_settings(state)
+        instance, not_applied = instance_settings(live_instance, self.start_settings(), self.serve_instance_options)
+        if not_applied:
+            self.log.warning("Serve is running, so %s stay as they are: Serve takes them only when it starts",
+                             ", ".join(not_applied))
+        config = self.with_app(instance, live_applications(state), app)
+        self.hook.put_serve_applications(config)
+        return config
+
+    def _try_live(self, context: Context, model: dict[str, Any], compute: dict[str, Any], dag_id: str,
+                  rollout: Rollout, summary: dict[str, Any], previous_app: dict[str, Any] | None) -> dict[str, Any]:
+        """Run the challenger beside the champion as ``rollout`` says, until its verdict; return what it saw.
+
+        A rollback or a kept champion ends the task here (the champion serves alone again); a
+        promotion returns, and the challenger keeps its share of traffic until promoted.
+        """
+        from airflow_ray_ml.compat import AirflowSkipException
+
+        champion_config = self.live_app(self.serve_state()) or {}
+        champion_model = {"model_dir": app_model_dir(champion_config.get("deployed_app_config")), "model_version": summary["champion_version"]}
+        config = self.app_config(champion_model, compute, dag_id, challenger=model,
+                                 rollout=rollout.user_config(model["model_version"]))
+        self.log.info("Starting the %s of %s beside %s (%.0f%% of requests)", rollout.mode, model["model_version"],
+                      summary["champion_version"], rollout.traffic_share * 100)
+        stats = None
+        try:
+            self._put_app(config)
+            stats = self._watch(rollout, model["model_version"])
+            live = self._live_metrics(rollout, stats, model, summary["metric"]) if stats else None
+        except Exception as err:
+            self.log.error("The %s of %s failed (%s); the champion serves alone again", rollout.mode,
+                           model["model_version"], err)
+            self._end_rollout()
+            self.record(context, {"action": "rolled_back", "error": str(err), "owner": app_owner(previous_app),
+                                  **summary, "rollout": evidence(rollout, stats, None, str(err))})
+            error = ServeModelRejectedError if isinstance(err, (ServeModelRejectedError, InvalidSpecError)) \
+                else ServeDeployError
+            raise error(f"the {rollout.mode} of {model['model_version']} failed: {err}") from None
+        action, why = verdict(stats, rollout, live, lambda mine, theirs: gate(
+            mine, theirs, summary["metric"], self.min_improvement, False))
+        seen = evidence(rollout, stats, live, why)
+        self.log.info("%s verdict: %s (%s)", rollout.mode.capitalize(), action, why)
+        if action == "promote":
+            return seen
+        self._end_rollout()
+        entry = {**summary, "rollout": seen, "reason": f"{rollout.mode}: {why}"}
+        if action == "keep":
+            self.record(context, {"action": "kept_champion", "owner": app_owner(previous_app), **entry})
+            raise AirflowSkipException(f"kept champion {summary['champion_version']}: {rollout.mode}: {why}")
+        self.record(context, {"action": "rolled_back", "error": why, "owner": app_owner(previous_app), **entry})
+        raise ServeModelRejectedError(f"the {rollout.mode} of {model['model_version']} was rolled back and "
+                                      f"{summary['champion_version']} serves alone: {why}")
+
+    def _watch(self, rollout: Rollout, version: str) -> dict[str, Any] | None:
+        """Read ``/rollout`` until the rollout has seen enough or its time is up; the last answer."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        stats = None
+        while stats is None:  # the challenger's replica starts and loads its model
+            if time.monotonic() > deadline:
+                raise ServeDeployError(f"the challenger {version} did not start within {self.ready_timeout_s:g} s")
+            app = self.live_app(self.serve_state()) or {}
+            if app.get("status") in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise ServeModelRejectedError(f"application {self.app_name!r} is {app.get('status')}: "
+                                              f"{str(app.get('message', ''))[-800:]}")
+            stats = self._rollout_stats(version) if app.get("status") == "RUNNING" else None
+            if stats is None:
+                time.sleep(POLL_S)
+        ends = time.monotonic() + rollout.timeout_s
+        while not rollout.done(stats) and time.monotonic() < ends:
+            time.sleep(POLL_S)
+            stats = self._rollout_stats(version) or stats
+        return stats
+
+    def _rollout_stats(self, version: str, rows: bool = False) -> dict[str, Any] | None:
+        """The application's ``/rollout`` answer about ``version``; None while it is not the one running."""
+        response = self.hook.get_endpoint_rollout(self.route_prefix, api_key=self.api_key, rows=rows)
+        if response.status_code != 200:
+            return None
+        stats = response.json()
+        return stats if stats.get("challenger_version") == version else None
+
+    def _live_metrics(self, rollout: Rollout, stats: dict[str, Any], model: dict[str, Any],
+                      metric: str) -> dict[str, Any] | None:
+        """Both models' metric on the mirrored rows the label file labels (None without one)."""
+        if not rollout.labels or rollout.mode != "shadow":
+            return None
+        from airflow_ray_ml_stages.preprocessor import Preprocessor
+        from airflow_ray_ml_stages.tables import read_table
+
+        preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
+        kept = self._rollout_stats(model["model_version"], rows=True) or stats
+        return live_metrics(kept, read_table(rollout.labels), preprocessor.label_column,
+                            list(preprocessor.input_columns), model.get("classes"), metric)
+
+    def _end_rollout(self) -> None:
+        """Serve the champion alone again: this application's live config without the challenger,
+        waited for until the application routes nothing to it."""
+        app = self.live_app(self.serve_state()) or {}
+        config = app.get("deployed_app_config")
+        if not config:
+            return
+        self._put_app(without_rollout(config))
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.hook.get_endpoint_rollout(self.route_prefix, api_key=self.api_key).status_code == 404:
+                return
+            time.sleep(READY_POLL_S)
+        raise ServeDeployError(f"application {self.app_name!r} still routes to its challenger "
+                               f"{self.ready_timeout_s:g} s after it was taken out")
+
+    def _promote(self, context: Context, model: dict[str, Any], compute: dict[str, Any], dag_id: str,
+                 summary: dict[str, Any]) -> dict[str, Any]:
+        """Serve ``model`` alone, check that it answers, and record the promotion; restore the previous config on failure."""
+        previous = artifacts.read_json(previous_config_uri(self.serving_dir))
+        live_instance = (previous.get("config") or None) and {
+            key: value for key, value in previous["config"].items() if key != "applications"}
+        previous_app = next((app for app in (previous.get("config") or {}).get("applications") or []
+                             if app.get("name") == self.app_name), None)
+        champion_version = summary.get("champion_version")
+        self.log.info("Promoting %s (%s); previous config kept in %s", model["model_version"], summary["reason"],
+                      previous_config_uri(self.serving_dir))
         ownership = {"owner": dag_id, "previous_owner": app_owner(previous_app)}
         try:
-            self.hook.put_serve_applications(config)
+            config = self._put_app(self.app_config(model, compute, dag_id))
             self.wait_for_version(model["model_version"], time.monotonic() + self.ready_timeout_s)
+            rows, _, _ = self._test_rows()
             self._smoke_test(model["model_version"], rows, model.get("classes"))
         except Exception as err:
             self.log.error("Deploy of %s failed (%s); restoring the previous config", model["model_version"], err)

@@ -15,6 +15,7 @@ from airflow_ray_ml.errors import InvalidSpecError, ServeAppOwnershipError
 
 APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"  # kept equal to airflow_ray_ml_stages.serve.APP_IMPORT_PATH by a test
 DEPLOYMENT_NAME = "ModelServer"
+CHALLENGER_DEPLOYMENT = "Challenger"  # kept equal to airflow_ray_ml_stages.serve.CHALLENGER_DEPLOYMENT by a test
 APP_NAME_MAX_LENGTH = 63
 APP_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{APP_NAME_MAX_LENGTH - 1}}}")
 ROUTE_PREFIX = re.compile(r"/(?:[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*)?")
@@ -49,6 +50,11 @@ def _user_config_value(app_config: dict[str, Any] | None, key: str) -> str | Non
 def app_owner(app_config: dict[str, Any] | None) -> str | None:
     """The DAG recorded as the application's owner, if any."""
     return _user_config_value(app_config, OWNER_KEY)
+
+
+def app_model_dir(app_config: dict[str, Any] | None) -> str | None:
+    """The model directory an application's config serves, if any."""
+    return _user_config_value(app_config, "model_dir")
 
 
 def app_model_version(app_config: dict[str, Any] | None) -> str | None:

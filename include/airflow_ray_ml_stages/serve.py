@@ -17,6 +17,16 @@ the live replicas, not a restart. Routes, under the application's route prefix:
 * ``GET /health`` — 200 with the model version once a model is loaded.
 * ``GET /metadata`` — the model card (version, family, task, classes, metrics, trained-at) and the
   input schema.
+* ``GET /rollout`` — while a challenger runs in shadow or canary, what it and the champion answered
+  (:class:`airflow_ray_ml_stages.rollout.RolloutStats`; ``?rows=1`` adds the kept rows); 404 when none runs.
+
+The application is a deployment graph: the ingress ``ModelServer`` answers with the champion, which
+it loads itself (so a client's answer takes no extra hop), and holds a handle to the ``Challenger``
+deployment. With no rollout the challenger has no model and scales to zero replicas. A rollout in
+the ingress's ``user_config`` (``{"mode": "shadow"|"canary", "share", "challenger_version"}``) routes
+``share`` of the ``/predict`` requests to it: in shadow, after the champion answered, without
+waiting for it; in canary, instead of the champion, whose answer the client gets when the
+challenger fails or takes longer than ``CANARY_TIMEOUT_S``.
 
 Every answer is JSON of a declared shape: 200, 401 (wrong or missing API key), 422
 (``{"detail": [{"loc", "msg", "type"}, ...]}``: a body that is not JSON, breaks the schema, or
@@ -30,11 +40,13 @@ with numpy (:class:`airflow_ray_ml_stages.preprocessor.Preprocessor`). An API ke
 every route but ``/docs`` (``X-API-Key`` header or ``Authorization: Bearer``); only its SHA-256 is in the config.
 """
 
+import asyncio
 import hashlib
 import hmac
 import json
 import math
 import reprlib
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -44,9 +56,16 @@ import pandas as pd
 
 from airflow_ray_ml_stages.constants import TASKS
 from airflow_ray_ml_stages.model_card import ModelCard
+from airflow_ray_ml_stages.rollout import ROLLOUT_MODES, ChampionCounts, RolloutStats, ShareTaker, row_key
 
 APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"
 DEPLOYMENT_NAME = "ModelServer"
+CHALLENGER_DEPLOYMENT = "Challenger"
+CANARY_TIMEOUT_S = 2.0  # a canary request the challenger has not answered by then gets the champion's answer
+MAX_PENDING_MIRRORS = 256  # requests an ingress replica mirrors at once; beyond, it skips mirroring
+# The challenger's deployment while no rollout runs: no model and no replica.
+IDLE_AUTOSCALING = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0, "downscale_delay_s": 1,
+                    "downscale_to_zero_delay_s": 1}
 MAX_INSTANCES = 1024
 MAX_PROBLEMS = 100  # a 422 lists at most this many problems
 BATCH_SIZE = 32
@@ -420,6 +439,44 @@ class LoadedModel:
                 "probabilities": predictions.tolist(), "classes": classes, "model_version": self.version}, []
 
 
+def predict_grouped(requests: list[tuple[LoadedModel, pd.DataFrame]]) -> list[tuple[np.ndarray, float]]:
+    """One batch of ``(model, frame)`` requests predicted together, each with the milliseconds its
+    model took (for the batch it was in); requests of one batch may straddle a reconfigure, so they
+    are grouped by the model they saw."""
+    results: list[tuple[np.ndarray, float] | None] = [None] * len(requests)
+    for model in {id(model): model for model, _ in requests}.values():
+        started = time.perf_counter()
+        members = [i for i, (m, _) in enumerate(requests) if m is model]
+        frames = [requests[i][1] for i in members]
+        predictions = model.predict_frame(pd.concat(frames, ignore_index=True))
+        bounds = np.cumsum([0, *(len(frame) for frame in frames)])
+        took_ms = (time.perf_counter() - started) * 1000
+        for position, index in enumerate(members):
+            results[index] = (predictions[bounds[position]:bounds[position + 1]], took_ms)
+    return results
+
+
+def load_checked(config: dict[str, Any]) -> LoadedModel:
+    """The model a ``user_config`` names (``model_dir``), checked to be its ``model_version``."""
+    model = LoadedModel.load(config["model_dir"])
+    expected = str(config.get("model_version") or "")
+    if expected and model.version != expected:
+        raise ValueError(f"model in {config['model_dir']} is version {model.version!r}, the config says {expected!r}")
+    model.openapi()  # build (and cache) the schemas now, not on the first request
+    return model
+
+
+def rollout_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The rollout a ``user_config`` asks for, checked; None for none."""
+    rollout = config.get("rollout")
+    if not rollout:
+        return None
+    mode, share = rollout.get("mode"), rollout.get("share")
+    if mode not in ROLLOUT_MODES or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"rollout must name a mode of {list(ROLLOUT_MODES)} and a share in (0, 1], got {rollout!r}")
+    return {"mode": mode, "share": float(share), "challenger_version": str(rollout.get("challenger_version") or "")}
+
+
 def build_app(args: dict[str, Any]):
     """Serve application builder: ``args`` may carry ``api_key_sha256``."""
     from fastapi import FastAPI, Request
@@ -445,22 +502,80 @@ def build_app(args: dict[str, Any]):
                   for error in exc.errors()] or [problem(["body"], "invalid request", "invalid")]
         return reply({"detail": errors[:MAX_PROBLEMS]}, 422)
 
+    # Idle unless a rollout's config says otherwise: no replica, and none kept once a rollout ends.
+    @serve.deployment(name=CHALLENGER_DEPLOYMENT, autoscaling_config=IDLE_AUTOSCALING,
+                      ray_actor_options={"num_cpus": 0.1})
+    class Challenger:
+        """The model tried beside the champion, and the record of how both answered (:class:`RolloutStats`)."""
+
+        def __init__(self) -> None:
+            self._model: LoadedModel | None = None
+            self._stats: RolloutStats | None = None
+
+        def reconfigure(self, config: dict[str, Any]) -> None:
+            """Load the challenger a rollout names (``{"challenger": {"model_dir", "model_version"},
+            "rollout"}``), or none (``{}``); each rollout starts a new record."""
+            rollout = rollout_of(config)
+            if not config.get("challenger") or rollout is None:
+                self._model, self._stats = None, None
+                return
+            model = load_checked(config["challenger"])
+            self._model = model
+            self._stats = RolloutStats(rollout["mode"], rollout["share"], model.version, model.classification)
+
+        async def _answer(self, frame: pd.DataFrame, counts: dict[str, Any],
+                          champion: dict[str, Any] | None) -> dict[str, Any] | None:
+            model, stats = self._model, self._stats
+            if model is None or stats is None:
+                return None
+            stats.add_champion(counts)
+            try:
+                predictions, took_ms = await self._predict_batched((model, frame))
+                answer, problems = model.answer(predictions)
+            except Exception as err:  # the challenger's own failure: counted, never the client's
+                stats.add_failure(len(frame), f"{type(err).__name__}: {err}")
+                return None
+            if answer is None:
+                stats.add_failure(len(frame), f"no finite prediction: {problems[:3]}")
+                return None
+            keys = [row_key(values) for values in frame[model.input_columns].itertuples(index=False, name=None)] \
+                if champion is not None else []
+            stats.add_answer(keys, answer, took_ms, champion)
+            return answer
+
+        async def shadow(self, frame: pd.DataFrame, champion: dict[str, Any], counts: dict[str, Any]) -> None:
+            """Answer mirrored rows and compare with the champion's ``answer`` to them."""
+            await self._answer(frame, counts, champion)
+
+        async def canary(self, frame: pd.DataFrame, counts: dict[str, Any]) -> dict[str, Any] | None:
+            """Answer a client's rows; None when the challenger could not (the champion answers then)."""
+            return await self._answer(frame, counts, None)
+
+        def stats(self, with_rows: bool = False) -> dict[str, Any] | None:
+            return self._stats.summary(with_rows) if self._stats is not None else None
+
+        @serve.batch(max_batch_size=BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
+        async def _predict_batched(self, requests: list[tuple[LoadedModel, pd.DataFrame]]) -> list[tuple[np.ndarray, float]]:
+            return predict_grouped(requests)
+
     @serve.deployment(name=DEPLOYMENT_NAME)
     @serve.ingress(api)
     class ModelServer:
-        def __init__(self, api_key_sha256: str | None = None) -> None:
+        def __init__(self, api_key_sha256: str | None = None, challenger: Any = None) -> None:
             self._api_key_sha256 = api_key_sha256 or None
             self._model: LoadedModel | None = None
+            self._challenger = challenger  # the Challenger deployment's handle
+            self._rollout: tuple[str, ShareTaker] | None = None
+            self._champion_counts = ChampionCounts()
+            self._mirrors: set[asyncio.Future] = set()
 
         def reconfigure(self, config: dict[str, Any]) -> None:
-            """Load the model named by ``user_config``; a broken artifact fails the deployment."""
-            model = LoadedModel.load(config["model_dir"])
-            expected = str(config.get("model_version") or "")
-            if expected and model.version != expected:
-                raise ValueError(f"model in {config['model_dir']} is version {model.version!r}, "
-                                 f"the config says {expected!r}")
-            model.openapi()  # build (and cache) the schemas now, not on the first request
-            self._model = model  # one assignment: requests see the old model or the new, never half
+            """Load the model named by ``user_config`` and route as its rollout says; a broken artifact fails the deployment."""
+            model = load_checked(config)
+            rollout = rollout_of(config)
+            # one assignment each: requests see the old model or the new, never half
+            self._rollout = (rollout["mode"], ShareTaker(rollout["share"])) if rollout else None
+            self._model = model
 
         def _denied(self, request: Request) -> Response | None:
             if not self._api_key_sha256:
@@ -489,6 +604,18 @@ def build_app(args: dict[str, Any]):
             model = self._loaded(request)
             return model if isinstance(model, Response) else reply(model.metadata())
 
+        @api.get("/rollout", include_in_schema=False)
+        async def rollout(self, request: Request):
+            model = self._loaded(request)
+            if isinstance(model, Response):
+                return model
+            stats = None
+            if self._rollout is not None and self._challenger is not None:
+                stats = await self._challenger.stats.remote(request.query_params.get("rows") == "1")
+            if stats is None:
+                return reply({"detail": "no challenger runs beside the champion"}, 404)
+            return reply(_finite_or_none({**stats, "champion_version": model.version}))
+
         @api.get("/openapi.json", include_in_schema=False)
         async def openapi(self, request: Request):
             model = self._loaded(request)
@@ -512,20 +639,43 @@ def build_app(args: dict[str, Any]):
                 frame, problems = model.check_body(body)
             if problems:
                 return reply({"detail": problems}, 422)
-            answer, problems = model.answer(await self._predict_batched((model, frame)))
+            rollout = self._rollout
+            if rollout is not None and rollout[0] == "canary" and rollout[1].take():
+                answer = await self._canary(frame)
+                if answer is not None:
+                    return reply(answer)
+            predictions, took_ms = await self._predict_batched((model, frame))
+            answer, problems = model.answer(predictions)
+            self._champion_counts.add(answer is None, took_ms)
+            if answer is not None and rollout is not None and rollout[0] == "shadow" and rollout[1].take():
+                self._mirror(frame, answer)
             return reply(answer) if answer is not None else reply({"detail": problems}, 422)
 
-        @serve.batch(max_batch_size=BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
-        async def _predict_batched(self, requests: list[tuple[LoadedModel, pd.DataFrame]]) -> list[np.ndarray]:
-            # Requests of one batch may straddle a reconfigure: group them by the model they saw.
-            results: list[np.ndarray | None] = [None] * len(requests)
-            for model in {id(model): model for model, _ in requests}.values():
-                members = [i for i, (m, _) in enumerate(requests) if m is model]
-                frames = [requests[i][1] for i in members]
-                predictions = model.predict_frame(pd.concat(frames, ignore_index=True))
-                bounds = np.cumsum([0, *(len(frame) for frame in frames)])
-                for position, index in enumerate(members):
-                    results[index] = predictions[bounds[position]:bounds[position + 1]]
-            return results
+        async def _canary(self, frame: pd.DataFrame) -> dict[str, Any] | None:
+            """The challenger's answer to a client's rows, or None when it gave none in time."""
+            try:
+                return await asyncio.wait_for(self._challenger.canary.remote(frame, self._champion_counts.take()),
+                                              CANARY_TIMEOUT_S)
+            except Exception:  # an unreachable or slow challenger: the champion answers
+                return None
 
-    return ModelServer.bind(api_key_sha256=args.get("api_key_sha256"))
+        def _mirror(self, frame: pd.DataFrame, answer: dict[str, Any]) -> None:
+            """Send rows the champion answered to the challenger, without waiting for it."""
+            if len(self._mirrors) >= MAX_PENDING_MIRRORS:
+                return  # the challenger lags: the champion's clients come first
+
+            async def send() -> None:
+                try:
+                    await self._challenger.shadow.remote(frame, answer, self._champion_counts.take())
+                except Exception:  # the challenger records its own failures; the client is served
+                    pass
+
+            task = asyncio.ensure_future(send())
+            self._mirrors.add(task)
+            task.add_done_callback(self._mirrors.discard)
+
+        @serve.batch(max_batch_size=BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
+        async def _predict_batched(self, requests: list[tuple[LoadedModel, pd.DataFrame]]) -> list[tuple[np.ndarray, float]]:
+            return predict_grouped(requests)
+
+    return ModelServer.bind(api_key_sha256=args.get("api_key_sha256"), challenger=Challenger.bind())

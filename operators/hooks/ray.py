@@ -66,6 +66,7 @@ CLUSTER_STATUS_ENDPOINT = "/api/cluster_status"
 SERVE_HEALTH_ENDPOINT = "{route_prefix}/health"
 SERVE_METADATA_ENDPOINT = "{route_prefix}/metadata"
 SERVE_PREDICT_ENDPOINT = "{route_prefix}/predict"
+SERVE_ROLLOUT_ENDPOINT = "{route_prefix}/rollout"
 # Pings on the log websocket: a connection that died without closing (a dropped NAT or proxy
 # entry) fails within two of these instead of leaving the follower waiting for lines forever.
 LOG_STREAM_HEARTBEAT_S = 30.0
@@ -925,6 +926,13 @@ class RayHook(BaseHook):
             raise RayOperatorError(f"GET {self.serve_url}{path} answered HTTP {response.status_code}: "
                                    f"{response.text[:300]}")
         return response.json()
+
+    def get_endpoint_rollout(self, route_prefix: str, *, api_key: str | None = None,
+                             rows: bool = False) -> requests.Response:
+        """The application's ``/rollout`` answer: 200 with what the challenger and the champion answered
+        while a shadow or canary runs (``rows``: with the rows kept for a label file), 404 when none runs."""
+        return self.endpoint_request("GET", SERVE_ROLLOUT_ENDPOINT.format(route_prefix=route_prefix),
+                                     api_key=api_key, params={"rows": "1"} if rows else None)
 
     def post_endpoint_predict(self, route_prefix: str, instances: list[dict[str, Any]], *,
                               api_key: str | None = None) -> requests.Response:

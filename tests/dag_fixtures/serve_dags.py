@@ -82,3 +82,12 @@ serve_deploy_rollback = _deploy_dag("serve_deploy_rollback", app_name="wine-roll
 # The gate across a schema change, with the setting from the run conf.
 serve_schema = _deploy_dag("serve_schema", app_name="wine-schema", route_prefix="/schema",
                            on_schema_change="{{ dag_run.conf['on_schema_change'] }}")
+# A challenger tried on live traffic first (tests/operators/test_serve_rollout.py): shadow or canary,
+# its share and a label file from the run conf, sized so that a test waits seconds, not minutes.
+_ROLLOUT = {"rollout": "{{ dag_run.conf.get('rollout', 'direct') }}", "rollout_share": "{{ dag_run.conf.get('share') }}",
+            "rollout_labels": "{{ dag_run.conf.get('labels') }}", "rollout_rows": 300, "rollout_timeout_s": 60,
+            "replica_cpus": 0.1}
+serve_rollout = _deploy_dag("serve_rollout", app_name="wine-rollout", route_prefix="/rollout", **_ROLLOUT)
+# The same, with a person's approval before the promotion (Airflow's Human-in-the-loop form).
+serve_approval = _deploy_dag("serve_approval", app_name="wine-approval", route_prefix="/approval", approval=True,
+                             **_ROLLOUT)
