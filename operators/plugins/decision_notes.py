@@ -86,6 +86,9 @@ def decision_text(decision: dict[str, Any]) -> str:
         text = f"{action}: {reason}"
     if action in ("promoted", "kept_champion"):
         text += "" if f"{decision.get('metric')} " in reason else _metrics(decision)
+    approval = decision.get("approval")
+    if action == "promoted" and isinstance(approval, dict) and approval.get("by"):
+        text += f"; approved by {approval['by']}"
     return text[:MAX_NOTE_CHARS]
 
 

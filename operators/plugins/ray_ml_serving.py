@@ -48,6 +48,10 @@ class HistoryEntry:
     owner: str = ""
     version: str = ""
     from_version: str = ""
+    # a challenger tried on live traffic first: "shadow 100 %: 300 rows compared, ..." (empty: none)
+    live_trial: str = ""
+    # who answered the approval before the promotion: "approved by ana" (empty: none was asked)
+    approval: str = ""
 
     @property
     def label(self) -> str:
@@ -86,7 +90,52 @@ class HistoryEntry:
                    champion_version=text("champion_version"), metric=text("metric"),
                    challenger=number("challenger"), champion=number("champion"), reason=text("reason"),
                    error=text("error"), owner=text("owner"), version=text("version"),
-                   from_version=text("from_version"))
+                   from_version=text("from_version"), live_trial=live_trial_text(raw.get("rollout")),
+                   approval=approval_text(raw.get("approval")))
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _ms(side: Any) -> str:
+    p50 = ((side.get("answer_ms") if isinstance(side, dict) else None) or {}).get("p50")
+    return f"{p50:.1f}" if isinstance(p50, (int, float)) and not isinstance(p50, bool) else "?"
+
+
+def live_trial_text(rollout: Any) -> str:
+    """A decision's shadow or canary in one line: traffic, rows, agreement, failures, answer times, labelled rows."""
+    if not isinstance(rollout, dict) or not rollout.get("mode"):
+        return ""
+    share = rollout.get("share")
+    challenger = rollout.get("challenger") if isinstance(rollout.get("challenger"), dict) else {}
+    champion = rollout.get("champion") if isinstance(rollout.get("champion"), dict) else {}
+    parts = [f"{rollout['mode']} {share:.0%}" if isinstance(share, (int, float)) else str(rollout["mode"])]
+    if rollout["mode"] == "shadow":
+        parts.append(f"{_count(rollout.get('compared_rows'))} rows compared")
+    else:
+        parts.append(f"{_count(challenger.get('rows'))} rows answered")
+    agreement = rollout.get("agreement")
+    if isinstance(agreement, (int, float)) and not isinstance(agreement, bool):
+        parts.append(f"agreement {agreement:.0%}")
+    parts.append(f"failed {_count(challenger.get('failures'))} of {_count(challenger.get('requests'))} requests")
+    parts.append(f"answer time {_ms(challenger)} ms vs {_ms(champion)} ms")
+    live = rollout.get("live") if isinstance(rollout.get("live"), dict) else {}
+    if _count(live.get("rows")):
+        mine, theirs = live.get("challenger"), live.get("champion")
+        if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)):
+            parts.append(f"live {live.get('metric')} {mine:.4f} vs {theirs:.4f} on {live['rows']} labelled rows")
+    return ", ".join(parts)
+
+
+def approval_text(approval: Any) -> str:
+    """Who answered a decision's approval, and how: "approved by ana", "rejected by ana", "no answer in time"."""
+    if not isinstance(approval, dict):
+        return ""
+    who = approval.get("by")
+    if not who:
+        return "rejected: no answer in time" if not approval.get("approved") else "approved"
+    return f"{'approved' if approval.get('approved') else 'rejected'} by {who}"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from airflow_ray_ml.plugins import ray_ml
 from airflow_ray_ml.plugins.decision_notes import (
     FAILURE_XCOM_KEY,
     MAX_ERROR_CHARS,
+    decision_text,
     failure_record,
     failure_text,
     named_fix,
@@ -185,3 +186,15 @@ def test_ray_ml_page_lists_a_failed_tune_run_with_its_error_and_shows_it_selecte
     html = ray_ml.render(data)
     assert "failed: stage tune failed: TuneError" in html  # the picker's entry
     assert 'id="tune-failed"' in html and TUNE_FIX in html and 'id="leaderboard"' not in html
+
+
+def test_a_promotion_a_person_approved_says_who_and_a_rejection_says_why():
+    promoted = {"action": "promoted", "challenger_version": "v2", "champion_version": "v1", "metric": "rmse",
+                "challenger": 0.7, "champion": 0.8, "reason": "challenger rmse 0.7000 vs champion 0.8000; shadow: ok",
+                "approval": {"approved": True, "by": "ana"}}
+    assert decision_text(promoted) == ("Promoted v2 over v1: challenger rmse 0.7000 vs champion 0.8000; shadow: ok; "
+                                       "approved by ana")
+    rejected = {**promoted, "action": "kept_champion", "reason": "rejected by ana: wait for the audit",
+                "approval": {"approved": False, "by": "ana"}}
+    assert decision_text(rejected) == ("Kept champion v1; challenger v2 not promoted: rejected by ana: wait for the "
+                                       "audit (test rmse 0.7000 vs 0.8000)")

@@ -78,7 +78,8 @@ def test_page_escapes_everything_it_shows():
     hostile = '<script>alert("x")</script>'
     data = ray_ml.PageData(conn_id=hostile, dashboard_url="http://127.0.0.1:8265", readable={hostile})
     history = ServingHistory(uri="/h", total=1, entries=[HistoryEntry(
-        at=hostile, action=hostile, dag_id=hostile, run_id=hostile, challenger_version=hostile, reason=hostile)])
+        at=hostile, action=hostile, dag_id=hostile, run_id=hostile, challenger_version=hostile, reason=hostile,
+        live_trial=hostile, approval=hostile)])
     drift = [DriftRun(hostile, hostile, hostile, -1, hostile, hostile, hostile, hostile, hostile,
                       ((hostile, 0.5, hostile),), hostile)]
     data.apps = [ray_ml.ServedApp(name=hostile, status="RUNNING", endpoint="http://h/x", version=hostile,
@@ -90,7 +91,7 @@ def test_page_escapes_everything_it_shows():
     data.jobs = [StageJob(hostile, "r", hostile, -1, hostile, message=hostile)]
     html = ray_ml.render(data)
     assert hostile not in html and "<script>alert" not in html
-    assert html.count("&lt;script&gt;") >= 22
+    assert html.count("&lt;script&gt;") >= 24
 
 
 def test_history_of_an_application_reads_newest_first_and_names_any_action(tmp_path):
@@ -117,6 +118,42 @@ def test_history_of_an_application_reads_newest_first_and_names_any_action(tmp_p
     html = ray_ml.render(data)
     assert html.index('data-action="frozen_by_ops"') < html.index('data-action="promoted"')
     assert 'data-app="wine-x" data-version="v1">Pin</button>' in html  # a promoted version not served now
+
+
+def test_history_shows_each_decisions_live_trial_and_who_answered_its_approval(tmp_path):
+    from airflow_ray_ml_stages import artifacts
+
+    shadow = {"mode": "shadow", "share": 1.0, "compared_rows": 300, "agreement": 0.934,
+              "challenger": {"requests": 300, "rows": 300, "failures": 0, "answer_ms": {"p50": 1.26}},
+              "champion": {"requests": 310, "failures": 0, "answer_ms": {"p50": 1.18}},
+              "live": {"metric": "rmse", "rows": 120, "challenger": 0.7472, "champion": 0.8537}}
+    canary = {"mode": "canary", "share": 0.1, "challenger": {"requests": 40, "rows": 40, "failures": 40,
+                                                             "answer_ms": {"p50": None}}, "champion": {}}
+    artifacts.write_json_atomic(history_uri(serving_dir(str(tmp_path), "wine-live")), [
+        {"at": "2026-07-01T10:00:00+00:00", "action": "promoted", "challenger_version": "v2",
+         "champion_version": "v1", "rollout": shadow,
+         "approval": {"approved": True, "by": "ana", "at": "2026-07-01T09:59:00+00:00", "reason": ""}},
+        {"at": "2026-07-02T10:00:00+00:00", "action": "rolled_back", "challenger_version": "v3",
+         "champion_version": "v2", "rollout": canary},
+        {"at": "2026-07-03T10:00:00+00:00", "action": "kept_champion", "challenger_version": "v4",
+         "champion_version": "v2", "reason": "rejected by bo: wait for the audit",
+         "approval": {"approved": False, "by": "bo", "reason": "wait for the audit"}},
+        {"at": "2026-07-04T10:00:00+00:00", "action": "kept_champion", "challenger_version": "v5",
+         "champion_version": "v2", "approval": {"approved": False, "by": None}},
+    ])
+    history = read_history(str(tmp_path), "wine-live")
+    timed_out, rejected, rolled_back, promoted = history.entries
+    assert promoted.live_trial == ("shadow 100%, 300 rows compared, agreement 93%, failed 0 of 300 requests, "
+                                   "answer time 1.3 ms vs 1.2 ms, live rmse 0.7472 vs 0.8537 on 120 labelled rows")
+    assert promoted.approval == "approved by ana"
+    assert rolled_back.live_trial == "canary 10%, 40 rows answered, failed 40 of 40 requests, answer time ? ms vs ? ms"
+    assert (rolled_back.approval, rejected.approval) == ("", "rejected by bo")
+    assert (rejected.live_trial, timed_out.approval) == ("", "rejected: no answer in time")
+    data = ray_ml.PageData(conn_id="c")
+    data.apps = [ray_ml.ServedApp(name="wine-live", status="RUNNING", endpoint="", version="v2", history=history)]
+    html = ray_ml.render(data)
+    assert f'<td class="live-trial">{promoted.live_trial}</td>' in html
+    assert '<td class="approval">approved by ana</td>' in html and '<td class="approval">rejected by bo</td>' in html
 
 
 def test_history_that_is_missing_or_unreadable_becomes_a_sentence(tmp_path):
