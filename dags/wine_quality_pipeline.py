@@ -56,6 +56,7 @@ from airflow_ray_ml.gpu_probe import GPUProbeOperator
 from airflow_ray_ml.ray_data import RayDataPreprocessOperator
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_serve import RayServeDeployOperator
+from airflow_ray_ml.serve_rollout import ROLLOUTS, Rollout
 from airflow_ray_ml.serve_schema import DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES
 from airflow_ray_ml.ray_train import RayTrainOperator
 from airflow_ray_ml.ray_tune import RayTuneOperator
@@ -231,6 +232,17 @@ with DAG(
                                   description="When the served model cannot score this run's test rows (columns "
                                               "missing or new, another label, other classes or task): promote "
                                               "this model, or refuse it and keep the served one"),
+        "rollout": Param(Rollout.mode, type="string", enum=list(ROLLOUTS), title="Rollout", section="Deploy",
+                         description="How a model that passed the gate meets live traffic before it is promoted: "
+                                     "direct (at once), shadow (a share of requests is mirrored to it, clients get "
+                                     "the served model's answers) or canary (a share is answered by it); a shadow "
+                                     "or canary that fails or is slower rolls back or keeps the served model"),
+        "rollout_share": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=1, title="Rollout share",
+                               section="Deploy", description="The share of requests the challenger gets in shadow "
+                               "or canary (0.1: one in ten). Empty: all of them in shadow, one in ten in canary"),
+        "approval": Param(False, type="boolean", title="Ask for approval", section="Deploy",
+                          description="Ask a person to approve the promotion in Airflow's Required actions, with "
+                                      "the test metrics, the live trial and the drift that started the run"),
         "min_improvement": Param(0.0, type="number", minimum=0, title="Minimum improvement", section="Deploy",
                                  description="How much better the test metric (RMSE, or log loss for "
                                              "classification) must be to replace the served model"),
@@ -346,6 +358,9 @@ with DAG(
         compute=probe.output,
         min_improvement="{{ params.min_improvement }}",
         on_schema_change="{{ params.on_schema_change }}",
+        rollout="{{ params.rollout }}",
+        rollout_share="{{ params.rollout_share }}",
+        approval="{{ params.approval }}",
         app_name="{{ deploy_endpoint(params)['app'] }}",  # the DAG's macro, from serve_app and the label
         route_prefix="{{ deploy_endpoint(params)['route'] }}",
         outlets=[WINE_MODEL],

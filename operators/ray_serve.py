@@ -17,6 +17,10 @@ the DAG that deployed it, and a deploy from another DAG is refused unless ``allo
 A champion that cannot score the challenger's rows (other columns, label, classes or task:
 ``airflow_ray_ml.serve_schema``) is not compared: ``on_schema_change`` decides, and the decision
 says what changed.
+
+A challenger that passed the gate may first meet live traffic beside the champion, in shadow or
+canary (``rollout``; ``airflow_ray_ml.serve_rollout`` judges what it saw), and a person may have
+to approve the promotion (``approval``; ``airflow_ray_ml.serve_approval``, Airflow's HITL).
 """
 
 from __future__ import annotations
@@ -145,13 +149,13 @@ class RayServeDeployOperator(ServeApplicationOperator):
         serve_instance_options: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 180.0,
         smoke_rows: int = 8,
-        rollout: str = "direct",
-        rollout_share: float | str | None = None,
-        rollout_rows: int = 1000,
-        rollout_timeout_s: float = 600.0,
-        rollout_labels: str | None = None,
-        max_error_rate: float = 0.01,
-        max_latency_ratio: float = 2.0,
+        rollout: str = Rollout.mode,
+        rollout_share: float | str | None = Rollout.share,
+        rollout_rows: int = Rollout.rows,
+        rollout_timeout_s: float = Rollout.timeout_s,
+        rollout_labels: str | None = Rollout.labels,
+        max_error_rate: float = Rollout.max_error_rate,
+        max_latency_ratio: float = Rollout.max_latency_ratio,
         approval: bool | str = False,
         approval_timeout: timedelta | None = None,
         approvers: list[str] | None = None,
