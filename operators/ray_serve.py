@@ -450,6 +450,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
                       summary["champion_version"], rollout.traffic_share * 100)
         stats = None
         try:
+            self._trial_running = True
             self._put_app(config)
             stats = self._watch(rollout, model["model_version"])
             live = self._live_metrics(rollout, stats, model, summary["metric"]) if stats else None
@@ -517,6 +518,11 @@ class RayServeDeployOperator(ServeApplicationOperator):
         kept = self._rollout_stats(model["model_version"], rows=True) or stats
         return live_metrics(kept, read_table(rollout.labels), preprocessor.label_column,
                             list(preprocessor.input_columns), model.get("classes"), metric)
+
+    def on_kill(self) -> None:
+        """A task killed during a live trial takes the challenger out: the champion serves alone."""
+        if getattr(self, "_trial_running", False):
+            self._end_rollout()
 
     def _end_rollout(self) -> None:
         """Serve the champion alone again: this application's live config without the challenger,

@@ -273,8 +273,20 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
     assert shadow["live"]["challenger"] < shadow["live"]["champion"]
     assert "labelled live rows" in entry["reason"]
     assert xcom(dag_run, "deploy")["action"] == "promoted"
-    # the challenger is gone: the champion serves alone
+    # the challenger is gone: the champion serves alone, and the challenger's replica stops
     assert requests.get(f"{_endpoint('/rollout')}/rollout", timeout=10).status_code == 404
+    _wait_for_no_challenger_replica("wine-rollout")
+
+
+def _wait_for_no_challenger_replica(app: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        deployments = RayHook().get_serve_applications()["applications"][app]["deployments"]
+        replicas = (deployments.get("Challenger") or {}).get("replicas") or []
+        if not replicas:
+            return
+        assert time.monotonic() < deadline, f"the challenger still runs {len(replicas)} replica(s): {replicas}"
+        time.sleep(1)
 
 
 @pytest.mark.integration
@@ -301,6 +313,7 @@ def test_a_canary_that_fails_every_request_is_rolled_back_by_itself_and_clients_
     # rolled back on its error rate, long before the 300 rows the rollout would otherwise answer
     assert canary["challenger"]["rows"] < 300
     assert requests.get(f"{_endpoint('/rollout')}/rollout", timeout=10).status_code == 404
+    _wait_for_no_challenger_replica("wine-rollout")
 
 
 # -- approval through Airflow's Human-in-the-loop ------------------------------------------------
