@@ -276,6 +276,9 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
             if seen.get(ti["task_id"]) != ti["state"]:
                 seen[ti["task_id"]] = ti["state"]
                 print(f"  {ti['task_id']}: {ti['state']}")
+                if ti["state"] == "awaiting_input" or (ti["state"] == "deferred" and conf.get("approval")):
+                    print(f"    waiting for a person's answer: Approve or Reject it under Required Actions, "
+                          f"{AIRFLOW_URL}/required_actions")
         if run["state"] in ("success", "failed"):
             break
         if time.monotonic() > deadline:
