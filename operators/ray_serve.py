@@ -517,7 +517,8 @@ class RayServeDeployOperator(ServeApplicationOperator):
         preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
         kept = self._rollout_stats(model["model_version"], rows=True) or stats
         return live_metrics(kept, read_table(rollout.labels), preprocessor.label_column,
-                            list(preprocessor.input_columns), model.get("classes"), metric)
+                            list(preprocessor.input_columns), list(preprocessor.boolean_columns),
+                            model.get("classes"), metric)
 
     def on_kill(self) -> None:
         """A task killed during a live trial takes the challenger out: the champion serves alone."""

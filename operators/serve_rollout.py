@@ -142,21 +142,21 @@ def verdict(stats: dict[str, Any] | None, rollout: Rollout, live: dict[str, Any]
 
 
 def live_metrics(stats: dict[str, Any], labels: Any, label_column: str, input_columns: list[str],
-                 classes: list[Any] | None, metric: str) -> dict[str, Any]:
+                 boolean_columns: list[str], classes: list[Any] | None, metric: str) -> dict[str, Any]:
     """Both models' ``metric`` on the mirrored rows whose label the ``labels`` frame gives.
 
-    A label file's row is matched by its input values (:func:`airflow_ray_ml_stages.rollout.row_key`);
-    ``classes``: the challenger's classes (the champion's probabilities are put in their order).
+    A label file's row is matched by its input values (:func:`airflow_ray_ml_stages.rollout.row_keys`:
+    a boolean column's ``yes`` is the ``true`` a client sent); ``classes``: the challenger's classes
+    (the champion's probabilities are put in their order).
     """
     from airflow_ray_ml_stages.metrics import task_metrics
-    from airflow_ray_ml_stages.rollout import row_key
+    from airflow_ray_ml_stages.rollout import row_keys
 
     missing = [column for column in [*input_columns, label_column] if column not in labels.columns]
     if missing:
         raise InvalidSpecError(f"the rollout's label file lacks the columns {missing}: it needs every input "
                                f"column {input_columns} and the label {label_column!r}")
-    known = {row_key(list(values[:-1])): values[-1]
-             for values in labels[[*input_columns, label_column]].itertuples(index=False, name=None)}
+    known = dict(zip(row_keys(labels, input_columns, boolean_columns), labels[label_column]))
     matched = [(known[row[0]], row) for row in stats.get("rows") or [] if row[0] in known]
     result: dict[str, Any] = {"metric": metric, "rows": len(matched), "champion": None, "challenger": None}
     if not matched:

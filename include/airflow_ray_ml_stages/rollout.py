@@ -52,6 +52,21 @@ def row_key(values: list[Any]) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()[:20]
 
 
+def row_keys(frame: Any, input_columns: list[str], boolean_columns: list[str]) -> list[str]:
+    """Each row's :func:`row_key`, a boolean column's value read as the preprocessor reads it
+    (``True``, ``"yes"`` and ``1`` are one value), so a label file's rows match the requests'."""
+    from airflow_ray_ml_stages.preprocessor import boolean_number
+
+    booleans = {position for position, column in enumerate(input_columns) if column in set(boolean_columns)}
+    keys = []
+    for values in frame[input_columns].itertuples(index=False, name=None):
+        if booleans:
+            values = [boolean_number(value) if position in booleans else value
+                      for position, value in enumerate(values)]
+        keys.append(row_key(list(values)))
+    return keys
+
+
 class ShareTaker:
     """Takes exactly ``share`` of the calls, spread evenly (every 10th for 0.1), no randomness."""
 

@@ -56,7 +56,7 @@ import pandas as pd
 
 from airflow_ray_ml_stages.constants import TASKS
 from airflow_ray_ml_stages.model_card import ModelCard
-from airflow_ray_ml_stages.rollout import ROLLOUT_MODES, ChampionCounts, RolloutStats, ShareTaker, row_key
+from airflow_ray_ml_stages.rollout import ROLLOUT_MODES, ChampionCounts, RolloutStats, ShareTaker, row_keys
 
 APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"
 DEPLOYMENT_NAME = "ModelServer"
@@ -538,7 +538,7 @@ def build_app(args: dict[str, Any]):
             if answer is None:
                 stats.add_failure(len(frame), f"no finite prediction: {problems[:3]}")
                 return None
-            keys = [row_key(values) for values in frame[model.input_columns].itertuples(index=False, name=None)] \
+            keys = row_keys(frame, model.input_columns, list(model.preprocessor.boolean_columns)) \
                 if champion is not None else []
             stats.add_answer(keys, answer, took_ms, champion)
             return answer

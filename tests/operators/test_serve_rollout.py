@@ -22,7 +22,7 @@ import requests
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.serve_rollout import Rollout, live_metrics, verdict
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.rollout import RolloutStats, ShareTaker, row_key
+from airflow_ray_ml_stages.rollout import RolloutStats, ShareTaker, row_key, row_keys
 from tests.conftest import load_dag, serve_apps_deleted_after_module, xcom
 
 CLIENTS = 16
@@ -131,15 +131,20 @@ def test_rollout_settings_out_of_range_say_what_to_fix(settings, words):
 def test_live_metrics_score_both_models_on_the_labelled_rows_only():
     import pandas as pd
 
-    columns = ["x", "colour"]
-    rows = [[1.0, "red"], [2.0, "red"], [3.0, "white"]]
-    stats = {"rows": [[row_key(row), 10.0, 11.0] for row in rows]}
-    labels = pd.DataFrame({"x": [1, 3, 9], "colour": ["red", "white", "red"], "quality": [10.0, 12.0, 5.0]})
-    live = live_metrics(stats, labels, "quality", columns, None, "mae")
+    columns = ["x", "colour", "balcony"]
+    # the rows as clients sent them (JSON booleans), keyed as the application keys them
+    sent = pd.DataFrame({"x": [1.0, 2.0, 3.0], "colour": ["red", "red", "white"], "balcony": [True, False, True]})
+    stats = {"rows": [[key, 10.0, 11.0] for key in row_keys(sent, columns, ["balcony"])]}
+    # the label file, as a table holds them: integers, and yes/no for the boolean
+    labels = pd.DataFrame({"x": [1, 3, 9], "colour": ["red", "white", "red"], "balcony": ["yes", "Yes", "no"],
+                           "quality": [10.0, 12.0, 5.0]})
+    live = live_metrics(stats, labels, "quality", columns, ["balcony"], None, "mae")
     assert live["rows"] == 2  # the third label names a row no client sent
     assert live["champion"] == pytest.approx(1.0) and live["challenger"] == pytest.approx(1.0)
+    labels.loc[0, "balcony"] = "no"  # no longer the row sent
+    assert live_metrics(stats, labels, "quality", columns, ["balcony"], None, "mae")["rows"] == 1
     with pytest.raises(Exception, match="lacks the columns"):
-        live_metrics(stats, labels.drop(columns=["quality"]), "quality", columns, None, "mae")
+        live_metrics(stats, labels.drop(columns=["quality"]), "quality", columns, ["balcony"], None, "mae")
 
 
 # -- on the cluster, under load ----------------------------------------------------------------
