@@ -240,6 +240,10 @@ with DAG(
         "rollout_share": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=1, title="Rollout share",
                                section="Deploy", description="The share of requests the challenger gets in shadow "
                                "or canary (0.1: one in ten). Empty: all of them in shadow, one in ten in canary"),
+        "rollout_labels": Param(None, type=["null", "string"], title="Labels of live rows", section="Deploy",
+                                description="A CSV or Parquet file of rows clients sent, with the label known later "
+                                            "(every input column and the label): in shadow, both models are scored "
+                                            "on the mirrored rows it labels. Under the allowed sources"),
         "approval": Param(False, type="boolean", title="Ask for approval", section="Deploy",
                           description="Ask a person to approve the promotion in Airflow's Required actions, with "
                                       "the test metrics, the live trial and the drift that started the run"),
@@ -360,6 +364,7 @@ with DAG(
         on_schema_change="{{ params.on_schema_change }}",
         rollout="{{ params.rollout }}",
         rollout_share="{{ params.rollout_share }}",
+        rollout_labels="{{ params.rollout_labels }}",
         approval="{{ params.approval }}",
         app_name="{{ deploy_endpoint(params)['app'] }}",  # the DAG's macro, from serve_app and the label
         route_prefix="{{ deploy_endpoint(params)['route'] }}",
