@@ -119,7 +119,7 @@ def verdict(stats: dict[str, Any] | None, rollout: Rollout, live: dict[str, Any]
         return "roll_back", "the challenger never reported: it did not start or cannot be reached"
     challenger, champion = stats.get("challenger") or {}, stats.get("champion") or {}
     if not challenger.get("requests"):
-        return "promote", (f"no live request reached the challenger in {rollout.mode}; the test metrics decide")
+        return "promote", "no live request reached the challenger; the test metrics decide"
     excess = _excess_failures(stats)
     if excess > rollout.max_error_rate:
         last = f" (last: {stats['last_failure']})" if stats.get("last_failure") else ""
@@ -138,7 +138,7 @@ def verdict(stats: dict[str, Any] | None, rollout: Rollout, live: dict[str, Any]
     seen = f"{stats.get('compared_rows', 0)} rows compared" if rollout.mode == "shadow" else \
         f"{challenger.get('rows', 0)} rows answered"
     labelled = f"; {live['rows']} labelled rows are too few to decide" if live is not None else ""
-    return "promote", f"{rollout.mode}: {seen}, no failures beyond the champion's{labelled}"
+    return "promote", f"{seen}, no failures beyond the champion's{labelled}"
 
 
 def live_metrics(stats: dict[str, Any], labels: Any, label_column: str, input_columns: list[str],

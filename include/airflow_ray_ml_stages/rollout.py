@@ -142,16 +142,18 @@ class RolloutStats:
         self.champion["failures"] += int(counts.get("failures") or 0)
         self.champion_ms.extend(float(ms) for ms in counts.get("answer_ms") or [])
 
-    def add_failure(self, rows: int, error: str) -> None:
-        self.challenger["requests"] += 1
+    def add_failure(self, rows: int, error: str, requests: int = 1) -> None:
+        """The challenger failed ``requests`` requests of ``rows`` rows in all."""
+        self.challenger["requests"] += requests
         self.challenger["rows"] += rows
-        self.challenger["failures"] += 1
+        self.challenger["failures"] += requests
         self.last_failure = error[-500:]
 
     def add_answer(self, keys: list[str], answer: dict[str, Any], answer_ms: float,
-                   champion: dict[str, Any] | None) -> None:
-        """The challenger's ``answer`` to rows ``keys``; ``champion``: the champion's answer to the same rows (shadow)."""
-        self.challenger["requests"] += 1
+                   champion: dict[str, Any] | None, requests: int = 1) -> None:
+        """The challenger's ``answer`` to rows ``keys`` (of ``requests`` requests); ``champion``: the
+        champion's answer to the same rows (shadow)."""
+        self.challenger["requests"] += requests
         self.challenger["rows"] += len(keys)
         self.challenger_ms.append(answer_ms)
         if champion is None:

@@ -62,7 +62,8 @@ APP_IMPORT_PATH = "airflow_ray_ml_stages.serve:build_app"
 DEPLOYMENT_NAME = "ModelServer"
 CHALLENGER_DEPLOYMENT = "Challenger"
 CANARY_TIMEOUT_S = 2.0  # a canary request the challenger has not answered by then gets the champion's answer
-MAX_PENDING_MIRRORS = 256  # requests an ingress replica mirrors at once; beyond, it skips mirroring
+MAX_PENDING_MIRRORS = 8  # mirror calls an ingress replica has pending at once; beyond, it skips mirroring
+MIRROR_WAIT_S = 0.005  # an ingress replica sends the requests answered within this long as one mirror call
 # The challenger's deployment while no rollout runs: no model and no replica.
 IDLE_AUTOSCALING = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0, "downscale_delay_s": 1,
                     "downscale_to_zero_delay_s": 1}
@@ -523,8 +524,8 @@ def build_app(args: dict[str, Any]):
             self._model = model
             self._stats = RolloutStats(rollout["mode"], rollout["share"], model.version, model.classification)
 
-        async def _answer(self, frame: pd.DataFrame, counts: dict[str, Any],
-                          champion: dict[str, Any] | None) -> dict[str, Any] | None:
+        async def _answer(self, frame: pd.DataFrame, counts: dict[str, Any], champion: dict[str, Any] | None,
+                          requests: int = 1) -> dict[str, Any] | None:
             model, stats = self._model, self._stats
             if model is None or stats is None:
                 return None
@@ -533,19 +534,21 @@ def build_app(args: dict[str, Any]):
                 predictions, took_ms = await self._predict_batched((model, frame))
                 answer, problems = model.answer(predictions)
             except Exception as err:  # the challenger's own failure: counted, never the client's
-                stats.add_failure(len(frame), f"{type(err).__name__}: {err}")
+                stats.add_failure(len(frame), f"{type(err).__name__}: {err}", requests)
                 return None
             if answer is None:
-                stats.add_failure(len(frame), f"no finite prediction: {problems[:3]}")
+                stats.add_failure(len(frame), f"no finite prediction: {problems[:3]}", requests)
                 return None
             keys = row_keys(frame, model.input_columns, list(model.preprocessor.boolean_columns)) \
                 if champion is not None else []
-            stats.add_answer(keys, answer, took_ms, champion)
+            stats.add_answer(keys, answer, took_ms, champion, requests)
             return answer
 
-        async def shadow(self, frame: pd.DataFrame, champion: dict[str, Any], counts: dict[str, Any]) -> None:
-            """Answer mirrored rows and compare with the champion's ``answer`` to them."""
-            await self._answer(frame, counts, champion)
+        async def shadow(self, frame: pd.DataFrame, champion: dict[str, Any], requests: int,
+                         counts: dict[str, Any]) -> None:
+            """Answer the rows of ``requests`` mirrored requests (together) and compare with the
+            champion's answer to them (``champion``: its answers joined in the same order)."""
+            await self._answer(frame, counts, champion, requests)
 
         async def canary(self, frame: pd.DataFrame, counts: dict[str, Any]) -> dict[str, Any] | None:
             """Answer a client's rows; None when the challenger could not (the champion answers then)."""
@@ -567,7 +570,8 @@ def build_app(args: dict[str, Any]):
             self._challenger = challenger  # the Challenger deployment's handle
             self._rollout: tuple[str, ShareTaker] | None = None
             self._champion_counts = ChampionCounts()
-            self._mirrors: set[asyncio.Future] = set()
+            self._mirrors: set[asyncio.Future] = set()  # mirror calls pending
+            self._to_mirror: list[tuple[pd.DataFrame, dict[str, Any]]] = []  # answered, not sent yet
 
         def reconfigure(self, config: dict[str, Any]) -> None:
             """Load the model named by ``user_config`` and route as its rollout says; a broken artifact fails the deployment."""
@@ -660,19 +664,28 @@ def build_app(args: dict[str, Any]):
                 return None
 
         def _mirror(self, frame: pd.DataFrame, answer: dict[str, Any]) -> None:
-            """Send rows the champion answered to the challenger, without waiting for it."""
+            """Queue rows the champion answered for the challenger; the requests answered within
+            ``MIRROR_WAIT_S`` go in one call, which no client waits for."""
             if len(self._mirrors) >= MAX_PENDING_MIRRORS:
                 return  # the challenger lags: the champion's clients come first
+            self._to_mirror.append((frame, answer))
+            if len(self._to_mirror) == 1:
+                task = asyncio.ensure_future(self._send_mirrored())
+                self._mirrors.add(task)
+                task.add_done_callback(self._mirrors.discard)
 
-            async def send() -> None:
-                try:
-                    await self._challenger.shadow.remote(frame, answer, self._champion_counts.take())
-                except Exception:  # the challenger records its own failures; the client is served
-                    pass
-
-            task = asyncio.ensure_future(send())
-            self._mirrors.add(task)
-            task.add_done_callback(self._mirrors.discard)
+        async def _send_mirrored(self) -> None:
+            await asyncio.sleep(MIRROR_WAIT_S)
+            batch, self._to_mirror = self._to_mirror, []
+            frame = pd.concat([frame for frame, _ in batch], ignore_index=True) if len(batch) > 1 else batch[0][0]
+            answers = [answer for _, answer in batch]
+            champion = {key: [value for answer in answers for value in answer[key]]
+                        for key in ("predictions", "probabilities") if key in answers[0]}
+            champion["classes"] = answers[0].get("classes")
+            try:
+                await self._challenger.shadow.remote(frame, champion, len(batch), self._champion_counts.take())
+            except Exception:  # the challenger records its own failures; the clients were served
+                pass
 
         @serve.batch(max_batch_size=BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
         async def _predict_batched(self, requests: list[tuple[LoadedModel, pd.DataFrame]]) -> list[tuple[np.ndarray, float]]:

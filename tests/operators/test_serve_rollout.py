@@ -59,9 +59,10 @@ def test_stats_compare_regression_answers_and_keep_rows_up_to_their_limit():
     stats = _stats()
     stats.add_champion({"requests": 4, "failures": 0, "answer_ms": [2.0, 2.0, 4.0, 4.0]})
     stats.add_answer(["a", "b"], {"predictions": [5.0, 6.0]}, 3.0, {"predictions": [5.0, 7.0]})
-    stats.add_answer(["c", "d"], {"predictions": [4.0, 4.0]}, 5.0, {"predictions": [4.0, 4.0]})
+    # two requests mirrored together in one call
+    stats.add_answer(["c", "d"], {"predictions": [4.0, 4.0]}, 5.0, {"predictions": [4.0, 4.0]}, requests=2)
     summary = stats.summary(with_rows=True)
-    assert summary["compared_rows"] == 4 and summary["challenger"]["requests"] == 2
+    assert summary["compared_rows"] == 4 and summary["challenger"]["requests"] == 3
     assert summary["mean_abs_difference"] == pytest.approx(0.25)
     assert [row[0] for row in summary["rows"]] == ["a", "b", "c"]  # kept_rows=3
     assert summary["champion"]["answer_ms"]["p50"] == pytest.approx(3.0)
@@ -74,11 +75,12 @@ def test_stats_compare_classes_and_count_failures():
     champion = {"predictions": ["x", "y"], "probabilities": [[0.9, 0.1], [0.2, 0.8]], "classes": ["x", "y"]}
     stats.add_answer(["a", "b"], {"predictions": ["x", "x"], "probabilities": [[0.8, 0.2], [0.6, 0.4]],
                                   "classes": ["x", "y"]}, 1.0, champion)
-    stats.add_failure(3, "ValueError: broken")
+    stats.add_failure(3, "ValueError: broken", requests=2)
     summary = stats.summary()
     assert summary["agreement"] == 0.5
     assert summary["predictions"] == {"champion": {"x": 0.5, "y": 0.5}, "challenger": {"x": 1.0}}
-    assert summary["challenger"]["failures"] == 1 and summary["last_failure"] == "ValueError: broken"
+    assert (summary["challenger"]["failures"], summary["challenger"]["requests"]) == (2, 3)
+    assert summary["last_failure"] == "ValueError: broken"
 
 
 def _gate(mine, theirs):
