@@ -48,6 +48,20 @@ def run_stage(client, stage: str, spec: dict) -> dict:
     return manifest
 
 
+def prepared_data(cluster: LocalRayCluster, work: str, serve_port: int):
+    """Point the ``ray_default`` connection at ``cluster`` (artifacts in ``work``, Serve on ``serve_port``),
+    then generate the wine data and preprocess it as Ray jobs: the job client and the preprocess manifest."""
+    from ray.job_submission import JobSubmissionClient
+
+    os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({"conn_type": "ray_ml", "extra": {
+        "dashboard_url": cluster.dashboard_url, "auth_token": cluster.token, "artifact_root": work,
+        "serve_url": f"http://127.0.0.1:{serve_port}"}})
+    client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
+    data = run_stage(client, "generate", {"artifact_dir": f"{work}/data", "rows": 3000, "seed": 1})
+    return client, run_stage(client, "data", {"artifact_dir": f"{work}/prep", "source": data["data_uris"],
+                                              "label_column": wine.LABEL, "label_range": [0, 10]})
+
+
 def rows() -> list[dict]:
     frame = wine.generate(rows=ROW_COUNT * 10, seed=5).drop(columns=[wine.LABEL])
     return frame.head(ROW_COUNT).to_dict(orient="records")
@@ -97,8 +111,6 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     args = parser.parse_args()
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="bench-airflow-"))
-    from ray.job_submission import JobSubmissionClient
-
     from airflow_ray_ml.ray_serve import RayServeDeployOperator
 
     work = tempfile.mkdtemp(prefix="bench-serve-")
@@ -107,13 +119,7 @@ def main() -> int:
     plain = None
     try:
         cluster.start()
-        os.environ["AIRFLOW_CONN_RAY_DEFAULT"] = json.dumps({"conn_type": "ray_ml", "extra": {
-            "dashboard_url": cluster.dashboard_url, "auth_token": cluster.token, "artifact_root": work,
-            "serve_url": f"http://127.0.0.1:{serve_port}"}})
-        client = JobSubmissionClient(cluster.dashboard_url, headers={"Authorization": f"Bearer {cluster.token}"})
-        data = run_stage(client, "generate", {"artifact_dir": f"{work}/data", "rows": 3000, "seed": 1})
-        prep = run_stage(client, "data", {"artifact_dir": f"{work}/prep", "source": data["data_uris"],
-                                          "label_column": wine.LABEL, "label_range": [0, 10]})
+        client, prep = prepared_data(cluster, work, serve_port)
         model = run_stage(client, "train", {
             "artifact_dir": f"{work}/train", "train_uri": prep["split_uris"]["train"],
             "validation_uri": prep["split_uris"]["validation"], "test_uri": prep["split_uris"]["test"],

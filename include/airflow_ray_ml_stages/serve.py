@@ -63,7 +63,7 @@ DEPLOYMENT_NAME = "ModelServer"
 CHALLENGER_DEPLOYMENT = "Challenger"
 CANARY_TIMEOUT_S = 2.0  # a canary request the challenger has not answered by then gets the champion's answer
 MAX_PENDING_MIRRORS = 8  # mirror calls an ingress replica has pending at once; beyond, it skips mirroring
-MIRROR_WAIT_S = 0.005  # an ingress replica sends the requests answered within this long as one mirror call
+MIRROR_WAIT_S = 0.1  # an ingress replica sends the requests answered within this long as one mirror call
 # The challenger's deployment while no rollout runs: no model and no replica.
 IDLE_AUTOSCALING = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0, "downscale_delay_s": 1,
                     "downscale_to_zero_delay_s": 1}

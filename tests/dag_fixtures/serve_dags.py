@@ -88,6 +88,7 @@ _ROLLOUT = {"rollout": "{{ dag_run.conf.get('rollout', 'direct') }}", "rollout_s
             "rollout_labels": "{{ dag_run.conf.get('labels') }}", "rollout_rows": 300, "rollout_timeout_s": 60,
             "replica_cpus": 0.1}
 serve_rollout = _deploy_dag("serve_rollout", app_name="wine-rollout", route_prefix="/rollout", **_ROLLOUT)
+serve_canary = _deploy_dag("serve_canary", app_name="wine-canary", route_prefix="/canary", **_ROLLOUT)
 # The same, with a person's approval before the promotion (Airflow's Human-in-the-loop form).
 serve_approval = _deploy_dag("serve_approval", app_name="wine-approval", route_prefix="/approval", approval=True,
                              **_ROLLOUT)

@@ -27,7 +27,7 @@ from tests.conftest import load_dag, serve_apps_deleted_after_module, xcom
 
 CLIENTS = 16
 _RUNS = iter(range(1, 1000))
-delete_own_serve_apps = serve_apps_deleted_after_module("wine-rollout", "wine-approval")
+delete_own_serve_apps = serve_apps_deleted_after_module("wine-rollout", "wine-canary", "wine-approval")
 
 
 # -- what the application counts, and the verdict (no cluster) -----------------------------------
@@ -256,7 +256,8 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
     pd.DataFrame([{**row, label_column: label} for row, label in zip(rows, labels)]).to_csv(label_file, index=False)
 
     _, state = _deploy("serve_rollout", model=good, data=data)
-    assert state == "success"
+    assert state in ("success", "skipped")  # skipped: the canary test served it first
+    assert requests.get(f"{_endpoint('/rollout')}/health", timeout=10).json()["model_version"] == good["model_version"]
     with Load("/rollout", rows) as load:
         dag_run, state = _deploy("serve_rollout", model=better, data=data, rollout="shadow", labels=label_file)
         time.sleep(1)
@@ -321,6 +322,29 @@ def test_a_canary_that_fails_every_request_is_rolled_back_by_itself_and_clients_
     assert canary["challenger"]["rows"] < 300
     assert requests.get(f"{_endpoint('/rollout')}/rollout", timeout=10).status_code == 404
     _wait_for_no_challenger_replica("wine-rollout")
+
+
+@pytest.mark.integration
+def test_a_canary_that_answers_well_is_promoted_by_itself_under_load_with_no_failed_request(trained_models):
+    models, data = trained_models.models, trained_models.data
+    good, better = models["good"], models["better"]
+    rows, _, _ = _test_rows(data)
+    assert _deploy("serve_canary", model=good, data=data)[1] == "success"
+
+    with Load("/canary", rows) as load:
+        dag_run, state = _deploy("serve_canary", model=better, data=data, rollout="canary", share=0.5)
+        time.sleep(1)
+    assert state == "success", _history("wine-canary")[-1]
+    assert load.errors == []
+    # during the canary the challenger answered its share of the clients' requests, then it alone
+    during = load.versions_between(load.rollout_seen[0], load.rollout_seen[-1])
+    assert during == {good["model_version"], better["model_version"]}
+    assert load.answers[-1][2] == better["model_version"]
+    canary = _history("wine-canary")[-1]["rollout"]
+    assert canary["mode"] == "canary" and canary["challenger"]["rows"] >= 300
+    assert canary["challenger"]["failures"] == 0 and canary["compared_rows"] == 0
+    assert xcom(dag_run, "deploy")["action"] == "promoted"
+    _wait_for_no_challenger_replica("wine-canary")
 
 
 # -- approval through Airflow's Human-in-the-loop ------------------------------------------------
