@@ -151,10 +151,10 @@ class RolloutStats:
 
     def add_answer(self, keys: list[str], answer: dict[str, Any], answer_ms: float,
                    champion: dict[str, Any] | None, requests: int = 1) -> None:
-        """The challenger's ``answer`` to rows ``keys`` (of ``requests`` requests); ``champion``: the
-        champion's answer to the same rows (shadow)."""
+        """The challenger's ``answer`` (of ``requests`` requests); in shadow, ``keys`` are its rows'
+        keys and ``champion`` the champion's answer to the same rows (in canary: ``[]`` and None)."""
         self.challenger["requests"] += requests
-        self.challenger["rows"] += len(keys)
+        self.challenger["rows"] += len(answer["predictions"])
         self.challenger_ms.append(answer_ms)
         if champion is None:
             return

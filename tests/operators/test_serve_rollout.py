@@ -68,6 +68,9 @@ def test_stats_compare_regression_answers_and_keep_rows_up_to_their_limit():
     assert summary["champion"]["answer_ms"]["p50"] == pytest.approx(3.0)
     assert summary["challenger"]["answer_ms"]["p50"] == pytest.approx(4.0)
     assert "rows" not in stats.summary()
+    # a canary's answer: rows answered, nothing compared
+    stats.add_answer([], {"predictions": [1.0, 2.0, 3.0]}, 2.0, None)
+    assert (stats.summary()["challenger"]["rows"], stats.summary()["compared_rows"]) == (7, 4)
 
 
 def test_stats_compare_classes_and_count_failures():
