@@ -386,7 +386,10 @@ class Answerer:
         try:
             while time.monotonic() < deadline:
                 details = requests.get(listing, headers=self.headers, timeout=30).json().get("hitl_details", [])
-                waiting = [detail for detail in details if not detail.get("response_received")]
+                # as the Required Actions page offers it: once the task waits (an answer recorded
+                # while the task is still parking would resume nothing)
+                waiting = [detail for detail in details if not detail.get("response_received")
+                           and detail["task_instance"]["state"] in ("awaiting_input", "deferred")]
                 if waiting:
                     self.asked = waiting[0]
                     ti = self.asked["task_instance"]
