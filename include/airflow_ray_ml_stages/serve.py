@@ -660,7 +660,9 @@ def build_app(args: dict[str, Any]):
             try:
                 return await asyncio.wait_for(self._challenger.canary.remote(frame, self._champion_counts.take()),
                                               CANARY_TIMEOUT_S)
-            except Exception:  # an unreachable or slow challenger: the champion answers
+            # an unreachable, slow or stopping challenger (a call to a replica that stops is
+            # cancelled, which is no Exception): the champion answers
+            except (Exception, asyncio.CancelledError):
                 return None
 
         def _mirror(self, frame: pd.DataFrame, answer: dict[str, Any]) -> None:
@@ -684,7 +686,7 @@ def build_app(args: dict[str, Any]):
             champion["classes"] = answers[0].get("classes")
             try:
                 await self._challenger.shadow.remote(frame, champion, len(batch), self._champion_counts.take())
-            except Exception:  # the challenger records its own failures; the clients were served
+            except (Exception, asyncio.CancelledError):  # the challenger records its own failures
                 pass
 
         @serve.batch(max_batch_size=BATCH_SIZE, batch_wait_timeout_s=BATCH_WAIT_S)
