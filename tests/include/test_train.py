@@ -140,7 +140,11 @@ def test_job_holds_gpu_only_when_submitted_with_entrypoint_num_gpus(fake_gpu_clu
         while str(client.get_job_status(job)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
             assert time.monotonic() < deadline, client.get_job_logs(job)
             time.sleep(0.2)
-        seen[resources] = client.get_job_logs(job).strip().splitlines()[-1]
+        # The job's log file can lag its status: read until the job's own line is in it.
+        while not (lines := [line for line in client.get_job_logs(job).splitlines() if line.startswith("holds a GPU:")]):
+            assert time.monotonic() < deadline, client.get_job_logs(job)
+            time.sleep(0.2)
+        seen[resources] = lines[-1]
     assert list(seen.values()) == ["holds a GPU: True", "holds a GPU: False", "holds a GPU: False"], seen
 
 
