@@ -34,6 +34,7 @@ from airflow_ray_ml.contract import coerce_value, operator_setting
 from airflow_ray_ml.errors import InvalidSpecError, ServeDeployError, ServeModelRejectedError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
+from airflow_ray_ml.ray_score import drift_extras
 from airflow_ray_ml.serve_application import READY_POLL_S, ServeApplicationOperator
 from airflow_ray_ml.serve_apps import (
     APP_IMPORT_PATH, DEPLOYMENT_NAME, OWNER_KEY, ROUTE_PREFIX, app_model_dir, app_name_for_dag, app_owner,
@@ -412,13 +413,8 @@ class RayServeDeployOperator(ServeApplicationOperator):
 
     def _drift(self, context: Context) -> list[str]:
         """The drift that started this run: the reasons in the drift events it consumed."""
-        reasons = []
-        for events in (context.get("triggering_asset_events") or {}).values():
-            for event in events:
-                extra = getattr(event, "extra", None) or {}
-                if isinstance(extra, dict) and extra.get("reason") and "drift" in extra:
-                    reasons.append(str(extra["reason"]))
-        return reasons
+        events = [event for events in (context.get("triggering_asset_events") or {}).values() for event in events]
+        return [str(extra["reason"]) for extra in drift_extras(getattr(event, "extra", None) for event in events)]
 
     def _put_app(self, app: dict[str, Any] | None) -> dict[str, Any]:
         """PUT this application's config ``app`` beside the other live applications and Serve's live

@@ -28,6 +28,8 @@ import re
 import sys
 from typing import Any
 
+from airflow_ray_ml.ray_score import drift_extras
+
 from airflow.listeners import hookimpl
 
 log = logging.getLogger(__name__)
@@ -144,7 +146,7 @@ def started_by_text(extras: list[Any]) -> str | None:
     """Why a run started, from the extras of the asset events it consumed: the drift that scoring
     tasks found (``RayBatchScoreOperator.announce_drift``); None when no event was a drift."""
     reasons = [f"{extra['reason']} in {extra.get('input_uri')} (model {extra.get('model_version')})"
-               for extra in extras if isinstance(extra, dict) and extra.get("reason") and "drift" in extra]
+               for extra in drift_extras(extras)]
     return (STARTED_BY + "; ".join(reasons))[:MAX_NOTE_CHARS] if reasons else None
 
 
