@@ -8,7 +8,9 @@ keeps one :class:`RolloutStats`, which ``GET /rollout`` returns and the deploy c
 
 Numbers kept: requests and rows each side handled, the challenger's failures, each side's answer
 time (milliseconds its model took for the batch a request was in: the model's cost, not the queue
-before it, which depends on how many replicas each side runs), both sides' predictions on
+before it, which depends on how many replicas each side runs; in shadow, where a mirrored call's
+requests are predicted together, the challenger's is one request's rows predicted alone, once a
+call), both sides' predictions on
 mirrored rows (agreement, distributions), and, for a label file that arrives later, each mirrored
 row's key (:func:`row_key`) with both predictions, up to ``KEPT_ROWS`` rows.
 """

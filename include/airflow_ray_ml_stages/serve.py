@@ -63,7 +63,12 @@ DEPLOYMENT_NAME = "ModelServer"
 CHALLENGER_DEPLOYMENT = "Challenger"
 CANARY_TIMEOUT_S = 2.0  # a canary request the challenger has not answered by then gets the champion's answer
 MAX_PENDING_MIRRORS = 8  # mirror calls an ingress replica has pending at once; beyond, it skips mirroring
-MIRROR_WAIT_S = 0.1  # an ingress replica sends the requests answered within this long as one mirror call
+# An ingress replica sends the requests answered within this long as one mirror call, of at most
+# MAX_MIRROR_ROWS rows (beyond, requests are not mirrored until it went). Every call costs the
+# ingress and the challenger a Serve hop on the champion's CPUs: one a second kept a shadow within
+# the clients' p50 noise where one per 100 ms added a fifth (bench/bench_shadow.py).
+MIRROR_WAIT_S = 1.0
+MAX_MIRROR_ROWS = 10_000
 # The challenger's deployment while no rollout runs: no model and no replica.
 IDLE_AUTOSCALING = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0, "downscale_delay_s": 1,
                     "downscale_to_zero_delay_s": 1}
@@ -525,13 +530,18 @@ def build_app(args: dict[str, Any]):
             self._stats = RolloutStats(rollout["mode"], rollout["share"], model.version, model.classification)
 
         async def _answer(self, frame: pd.DataFrame, counts: dict[str, Any], champion: dict[str, Any] | None,
-                          requests: int = 1) -> dict[str, Any] | None:
+                          requests: int = 1, sample_rows: int = 0) -> dict[str, Any] | None:
             model, stats = self._model, self._stats
             if model is None or stats is None:
                 return None
             stats.add_champion(counts)
             try:
                 predictions, took_ms = await self._predict_batched((model, frame))
+                if sample_rows:
+                    # A mirrored call's rows are predicted together, in a batch far larger than the
+                    # champion's: its answer time is one request's rows predicted alone, as the
+                    # champion answered them.
+                    took_ms = predict_grouped([(model, frame.iloc[:sample_rows])])[0][1]
                 answer, problems = model.answer(predictions)
             except Exception as err:  # the challenger's own failure: counted, never the client's
                 stats.add_failure(len(frame), f"{type(err).__name__}: {err}", requests)
@@ -545,13 +555,17 @@ def build_app(args: dict[str, Any]):
             return answer
 
         async def shadow(self, frame: pd.DataFrame, champion: dict[str, Any], requests: int,
-                         counts: dict[str, Any]) -> None:
-            """Answer the rows of ``requests`` mirrored requests (together) and compare with the
-            champion's answer to them (``champion``: its answers joined in the same order)."""
-            await self._answer(frame, counts, champion, requests)
+                         counts: dict[str, Any], first_rows: int) -> None:
+            """Answer the rows of ``requests`` mirrored requests (together; the first request's are
+            the first ``first_rows``) and compare with the champion's answer to them (``champion``:
+            its answers joined in the same order)."""
+            if self._stats is not None and self._stats.mode == "shadow":  # not a call the last trial left
+                await self._answer(frame, counts, champion, requests, sample_rows=first_rows)
 
         async def canary(self, frame: pd.DataFrame, counts: dict[str, Any]) -> dict[str, Any] | None:
             """Answer a client's rows; None when the challenger could not (the champion answers then)."""
+            if self._stats is None or self._stats.mode != "canary":
+                return None
             return await self._answer(frame, counts, None)
 
         def stats(self, with_rows: bool = False) -> dict[str, Any] | None:
@@ -572,6 +586,7 @@ def build_app(args: dict[str, Any]):
             self._champion_counts = ChampionCounts()
             self._mirrors: set[asyncio.Future] = set()  # mirror calls pending
             self._to_mirror: list[tuple[pd.DataFrame, dict[str, Any]]] = []  # answered, not sent yet
+            self._mirror_rows = 0  # rows in _to_mirror
 
         def reconfigure(self, config: dict[str, Any]) -> None:
             """Load the model named by ``user_config`` and route as its rollout says; a broken artifact fails the deployment."""
@@ -670,22 +685,28 @@ def build_app(args: dict[str, Any]):
             ``MIRROR_WAIT_S`` go in one call, which no client waits for."""
             if len(self._mirrors) >= MAX_PENDING_MIRRORS:
                 return  # the challenger lags: the champion's clients come first
+            if self._mirror_rows + len(frame) > MAX_MIRROR_ROWS:
+                return  # this call is full; the next one starts when it has gone
             self._to_mirror.append((frame, answer))
+            self._mirror_rows += len(frame)
             if len(self._to_mirror) == 1:
-                task = asyncio.ensure_future(self._send_mirrored())
+                task = asyncio.ensure_future(self._send_mirrored(self._rollout))
                 self._mirrors.add(task)
                 task.add_done_callback(self._mirrors.discard)
 
-        async def _send_mirrored(self) -> None:
+        async def _send_mirrored(self, rollout: tuple[str, ShareTaker] | None) -> None:
             await asyncio.sleep(MIRROR_WAIT_S)
-            batch, self._to_mirror = self._to_mirror, []
+            batch, self._to_mirror, self._mirror_rows = self._to_mirror, [], 0
+            if self._rollout is not rollout:
+                return  # the trial these requests were answered in has ended: they belong to no record
             frame = pd.concat([frame for frame, _ in batch], ignore_index=True) if len(batch) > 1 else batch[0][0]
             answers = [answer for _, answer in batch]
             champion = {key: [value for answer in answers for value in answer[key]]
                         for key in ("predictions", "probabilities") if key in answers[0]}
             champion["classes"] = answers[0].get("classes")
             try:
-                await self._challenger.shadow.remote(frame, champion, len(batch), self._champion_counts.take())
+                await self._challenger.shadow.remote(frame, champion, len(batch), self._champion_counts.take(),
+                                                     len(batch[0][0]))
             except (Exception, asyncio.CancelledError):  # the challenger records its own failures
                 pass
 

@@ -264,7 +264,7 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
     with Load("/rollout", rows) as load:
         dag_run, state = _deploy("serve_rollout", model=better, data=data, rollout="shadow", labels=label_file)
         time.sleep(1)
-    assert state == "success", _history("wine-rollout")[-1]
+    assert state == "success", json.dumps(_history("wine-rollout")[-1])
     assert load.errors == []
     assert len(load.answers) > 300
     # while the challenger was in shadow, every client got the champion's answer
