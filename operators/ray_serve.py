@@ -224,7 +224,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
                         "max_ongoing_requests": 64}]
         if challenger is not None and rollout is not None:
             user_config["rollout"] = rollout
-            deployments.append(challenger_deployment(actor_options, challenger, rollout))
+        deployments.append(challenger_deployment(actor_options, challenger, rollout))
         return {
             "name": self.app_name,
             "route_prefix": self.route_prefix,

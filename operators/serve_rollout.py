@@ -30,9 +30,15 @@ POLL_S = 1.0  # how often the deploy reads /rollout
 MIN_REQUESTS = 20  # challenger requests before its error rate may roll a canary back early
 MIN_LATENCY_SAMPLES = 10  # answers each side needs before answer times are compared
 MIN_LABELLED_ROWS = 20  # labelled rows before a label file decides
-# The challenger runs one replica, which keeps the one record of the rollout. Without a rollout the
-# application's config leaves it out, and it has neither model nor replica (its code's defaults).
+# The challenger runs one replica, which keeps the one record of the rollout. Without a rollout it
+# has neither model nor replica: IDLE_AUTOSCALING, its code's default (kept equal to
+# airflow_ray_ml_stages.serve.IDLE_AUTOSCALING by a test). The application's config lists the
+# Challenger in both states: Serve's code version of an application hashes one entry per
+# deployment that has an autoscaling config, so an entry that came and went with each trial would
+# rebuild the application and restart the champion's replicas at its start and its end.
 ACTIVE_AUTOSCALING = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
+IDLE_AUTOSCALING = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0, "downscale_delay_s": 1,
+                    "downscale_to_zero_delay_s": 1}
 
 
 @dataclass(frozen=True)
@@ -88,13 +94,17 @@ class Rollout:
                 and _excess_failures(stats) > self.max_error_rate)
 
 
-def challenger_deployment(actor_options: dict[str, Any], challenger: dict[str, Any],
-                          rollout: dict[str, Any]) -> dict[str, Any]:
-    """The ``Challenger`` deployment's entry in the application's config while ``challenger`` runs."""
-    return {"name": CHALLENGER_DEPLOYMENT, "autoscaling_config": ACTIVE_AUTOSCALING,
+def challenger_deployment(actor_options: dict[str, Any], challenger: dict[str, Any] | None = None,
+                          rollout: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``Challenger`` deployment's entry in the application's config: ``challenger`` tried as
+    ``rollout`` says, or, without them, idle (no model, no replica)."""
+    entry = {"name": CHALLENGER_DEPLOYMENT, "autoscaling_config": IDLE_AUTOSCALING, "user_config": {},
+             "ray_actor_options": actor_options, "max_ongoing_requests": 256}
+    if challenger is None or rollout is None:
+        return entry
+    return {**entry, "autoscaling_config": ACTIVE_AUTOSCALING,
             "user_config": {"challenger": {"model_dir": challenger["model_dir"],
-                                           "model_version": challenger["model_version"]}, "rollout": rollout},
-            "ray_actor_options": actor_options, "max_ongoing_requests": 256}
+                                           "model_version": challenger["model_version"]}, "rollout": rollout}}
 
 
 def _rate(side: dict[str, Any]) -> float:
@@ -188,10 +198,12 @@ def evidence(rollout: Rollout, stats: dict[str, Any] | None, live: dict[str, Any
 
 
 def without_rollout(app_config: dict[str, Any]) -> dict[str, Any]:
-    """An application's config with its challenger taken out: the champion serves alone."""
+    """An application's config with its challenger taken out: the champion serves alone, the
+    challenger idles (its entry stays, see ``IDLE_AUTOSCALING``)."""
     deployments = []
     for deployment in app_config.get("deployments") or []:
         if deployment.get("name") == CHALLENGER_DEPLOYMENT:
+            deployments.append({**deployment, "autoscaling_config": IDLE_AUTOSCALING, "user_config": {}})
             continue
         user_config = {key: value for key, value in (deployment.get("user_config") or {}).items() if key != "rollout"}
         deployments.append({**deployment, "user_config": user_config})

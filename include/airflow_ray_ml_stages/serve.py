@@ -69,7 +69,8 @@ MAX_PENDING_MIRRORS = 8  # mirror calls an ingress replica has pending at once; 
 # the clients' p50 noise where one per 100 ms added a fifth (bench/bench_shadow.py).
 MIRROR_WAIT_S = 1.0
 MAX_MIRROR_ROWS = 10_000
-# The challenger's deployment while no rollout runs: no model and no replica.
+# The challenger's deployment while no rollout runs: no model and no replica (the deploy lists it
+# so in every config it puts: airflow_ray_ml.serve_rollout.IDLE_AUTOSCALING, kept equal by a test).
 IDLE_AUTOSCALING = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0, "downscale_delay_s": 1,
                     "downscale_to_zero_delay_s": 1}
 MAX_INSTANCES = 1024

@@ -152,6 +152,37 @@ def test_live_metrics_score_both_models_on_the_labelled_rows_only():
         live_metrics(stats, labels.drop(columns=["quality"]), "quality", columns, ["balcony"], None, "mae")
 
 
+def test_a_trial_starts_and_ends_without_changing_the_applications_code_version():
+    """Serve rebuilds an application, restarting every replica, when its code version changes; a
+    trial must only reconfigure the champion's replicas and start or stop the challenger's."""
+    from ray.serve._private.deploy_utils import get_app_code_version
+    from ray.serve.schema import ServeApplicationSchema
+
+    from airflow_ray_ml.ray_serve import RayServeDeployOperator
+    from airflow_ray_ml.serve_apps import CHALLENGER_DEPLOYMENT, DEPLOYMENT_NAME
+    from airflow_ray_ml.serve_rollout import IDLE_AUTOSCALING, without_rollout
+    from airflow_ray_ml_stages import serve
+
+    champion = {"model_dir": "/models/a", "model_version": "a"}
+    challenger = {"model_dir": "/models/b", "model_version": "b"}
+    operator = RayServeDeployOperator(task_id="deploy", model=champion, app_name="trial", route_prefix="/trial")
+    alone = operator.app_config(champion, {}, "dag")
+    trial = operator.app_config(champion, {}, "dag", challenger=challenger,
+                                rollout=Rollout(mode="shadow").user_config("b"))
+    ended = without_rollout(trial)
+    assert [d["name"] for d in alone["deployments"]] == [DEPLOYMENT_NAME, CHALLENGER_DEPLOYMENT]
+    assert "rollout" in trial["deployments"][0]["user_config"] and trial["deployments"][1]["user_config"]
+    assert ended == alone  # ending a trial puts back what the champion alone is served with
+    versions = {get_app_code_version(ServeApplicationSchema(**config)) for config in (alone, trial, ended)}
+    assert len(versions) == 1
+    # without the idle entry, the trial's config is another code version: what the entry is for
+    bare = {**alone, "deployments": alone["deployments"][:1]}
+    assert get_app_code_version(ServeApplicationSchema(**bare)) not in versions
+    # both sides of the Ray boundary name the deployments and the idle challenger alike
+    assert (serve.DEPLOYMENT_NAME, serve.CHALLENGER_DEPLOYMENT, serve.IDLE_AUTOSCALING) == \
+        (DEPLOYMENT_NAME, CHALLENGER_DEPLOYMENT, IDLE_AUTOSCALING)
+
+
 # -- on the cluster, under load ----------------------------------------------------------------
 
 
@@ -262,8 +293,11 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
     assert state in ("success", "skipped")  # skipped: the canary test served it first
     assert requests.get(f"{_endpoint('/rollout')}/health", timeout=10).json()["model_version"] == good["model_version"]
     with Load("/rollout", rows) as load:
+        before = _champion_replicas("wine-rollout")
         dag_run, state = _deploy("serve_rollout", model=better, data=data, rollout="shadow", labels=label_file)
         time.sleep(1)
+        # the trial and the promotion reconfigured the champion's replicas in place: none restarted
+        assert before <= _champion_replicas("wine-rollout")
     assert state == "success", json.dumps(_history("wine-rollout")[-1])
     assert load.errors == []
     assert len(load.answers) > 300
@@ -287,6 +321,11 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
     # the challenger is gone: the champion serves alone, and the challenger's replica stops
     assert requests.get(f"{_endpoint('/rollout')}/rollout", timeout=10).status_code == 404
     _wait_for_no_challenger_replica("wine-rollout")
+
+
+def _champion_replicas(app: str) -> set[str]:
+    deployments = RayHook().get_serve_applications()["applications"][app]["deployments"]
+    return {replica["replica_id"] for replica in deployments["ModelServer"]["replicas"] if replica["state"] == "RUNNING"}
 
 
 def _wait_for_no_challenger_replica(app: str, timeout_s: float = 60) -> None:
