@@ -23,7 +23,7 @@ from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.serve_rollout import Rollout, live_metrics, verdict
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.rollout import RolloutStats, ShareTaker, row_key, row_keys
-from tests.conftest import load_dag, serve_apps_deleted_after_module, xcom
+from tests.conftest import load_dag, requires_ml_extra, serve_apps_deleted_after_module, xcom
 
 CLIENTS = 16
 _RUNS = iter(range(1, 1000))
@@ -152,6 +152,7 @@ def test_live_metrics_score_both_models_on_the_labelled_rows_only():
         live_metrics(stats, labels.drop(columns=["quality"]), "quality", columns, ["balcony"], None, "mae")
 
 
+@requires_ml_extra  # Ray Serve, on this side of the Ray boundary
 def test_a_trial_starts_and_ends_without_changing_the_applications_code_version():
     """Serve rebuilds an application, restarting every replica, when its code version changes; a
     trial must only reconfigure the champion's replicas and start or stop the challenger's."""
