@@ -423,6 +423,7 @@ class Answerer:
     def run(self) -> None:
         deadline = time.monotonic() + 240
         listing = f"{self.base}/api/v2/dags/{self.dag_id}/dagRuns/~/hitlDetails"
+        seen_before: list[dict] = []
         try:
             while time.monotonic() < deadline:
                 details = requests.get(listing, headers=self.headers, timeout=30).json().get("hitl_details", [])
@@ -430,6 +431,10 @@ class Answerer:
                 # while the task is still parking would resume nothing)
                 waiting = [detail for detail in details if not detail.get("response_received")
                            and detail["task_instance"]["state"] in ("awaiting_input", "deferred")]
+                # seen waiting on two polls a second apart: the task has finished parking (an
+                # answer recorded just as it parked once resumed nothing in CI, dag.test() waiting for ever)
+                seen, waiting = waiting, [detail for detail in waiting if detail in seen_before]
+                seen_before = seen
                 if waiting:
                     self.asked = waiting[0]
                     ti = self.asked["task_instance"]
@@ -439,7 +444,7 @@ class Answerer:
                         json={"chosen_options": [self.chosen], "params_input": {"reason": self.reason}})
                     assert answer.status_code == 200, answer.text
                     return
-                time.sleep(0.5)
+                time.sleep(1)
             self.error = "no approval was asked for"
         except Exception as err:  # reported by the test, which runs dag.test() in the main thread
             self.error = repr(err)
