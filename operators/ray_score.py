@@ -31,11 +31,11 @@ def served_model(hook: RayHook, app_name: str) -> dict[str, Any]:
     )
 
 
-
 def drift_extras(extras: Any) -> list[dict[str, Any]]:
     """The extras among asset events' ``extras`` that :meth:`RayBatchScoreOperator.announce_drift`
     emitted (a ``reason`` and the ``drift`` report); other events' extras are left out."""
     return [extra for extra in extras if isinstance(extra, dict) and extra.get("reason") and "drift" in extra]
+
 
 class RayBatchScoreOperator(StageOperator):
     """Write predictions for a CSV/Parquet file next to it, with Ray Data's batch-inference pattern.
