@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from airflow_ray_ml_stages import wine
-from airflow_ray_ml_stages.data.split import assign_splits
+from airflow_ray_ml_stages.data.split import SPLITS, assign_splits
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor, feature_affine, inverse_transform
 from airflow_ray_ml_stages.specs import PreprocessSpec
@@ -51,6 +51,53 @@ def test_split_assignment_same_rows_whatever_the_batching(frame):
     assert (pd.Series(pieces, index=shuffled.index).sort_index().to_numpy() == whole).all()
     counts = np.bincount(whole, minlength=3) / len(frame)
     assert np.allclose(counts, FRACTIONS, atol=0.06)
+
+
+def _copies_table(copies: int = 300) -> pd.DataFrame:
+    """A table of few discrete values, as a survey's: each of its 8 profiles (kind, level) repeated
+    ``copies`` times, a third of each profile's rows labelled 1, the rest 0 (one file order)."""
+    rows = []
+    for kind in ("a", "b"):
+        for level in range(4):
+            rows += [{"kind": kind, "level": level, "label": int(copy % 3 == 0)} for copy in range(copies)]
+    return pd.DataFrame(rows)
+
+
+def test_split_assignment_places_each_copy_of_a_row_by_itself():
+    """Copies of a row (the same profile and label) spread over the splits as distinct rows do;
+    grouped, a profile would train with one label and be tested with the other."""
+    table = _copies_table()
+    splits = assign_splits(table, ["kind", "label", "level"], FRACTIONS, SEED)
+    for _, group in table.assign(split=splits).groupby(["kind", "level", "label"]):
+        shares = np.bincount(group["split"], minlength=3) / len(group)
+        assert np.allclose(shares, FRACTIONS, atol=0.1), shares
+
+
+def test_split_assignment_first_copy_keeps_the_rows_split_and_appended_copies_move_no_row(frame):
+    """A row's first occurrence splits as a table without copies does; copies appended later leave
+    every earlier row where it was."""
+    whole = assign_splits(frame, HASHED, FRACTIONS, SEED)
+    grown = pd.concat([frame, frame.head(50), frame.head(50)], ignore_index=True)
+    assert (assign_splits(grown, HASHED, FRACTIONS, SEED)[:len(frame)] == whole).all()
+
+
+def test_direct_engine_batches_are_the_files_runs_of_batch_rows_rows(tmp_path):
+    """The direct engine's batches, CSV and Parquet, are rows [0, n), [n, 2n), ... of a file, as Ray Data's
+    map_batches gives a file read as one block: copies are numbered within the same rows by both engines."""
+    from airflow_ray_ml_stages.data.engines import iter_source_tables
+    from airflow_ray_ml_stages.data.schema import ColumnPlan
+    from airflow_ray_ml_stages.data.sources import SourceLayout
+
+    table = pd.DataFrame({"x": np.arange(2500, dtype="float64"), "y": np.arange(2500) % 7})
+    table.to_csv(tmp_path / "rows.csv", index=False)
+    table.to_parquet(tmp_path / "rows.parquet", row_group_size=333)
+    plan = ColumnPlan(["x"], [], "y")
+    for name, file_format in (("rows.csv", "csv"), ("rows.parquet", "parquet")):
+        layout = SourceLayout(uri=str(tmp_path / name), path=str(tmp_path / name), file_format=file_format,
+                              delimiter=",", columns=["x", "y"], size=(tmp_path / name).stat().st_size)
+        batches = [batch.column("x").to_numpy() for batch in iter_source_tables(layout, plan, batch_rows=1000)]
+        assert [len(batch) for batch in batches] == [1000, 1000, 500], name
+        np.testing.assert_array_equal(np.concatenate(batches), table["x"].to_numpy())
 
 
 def test_row_hash_without_pandas_equals_pandas_hash_bit_for_bit():
@@ -363,12 +410,17 @@ def runs(ray_cluster, frame, tmp_path_factory):
         "booleans_direct": {"source": [str(folder / "booleans.csv")], **common},
         "booleans_ray_data": {"source": [str(folder / "booleans.csv")], "engine": "ray_data", **common},
     }
+    _copies_table().to_csv(folder / "copies.csv", index=False)
+    copies = {"source": [str(folder / "copies.csv")], "label_column": "label", "seed": SEED, "split": FRACTIONS}
+    specs.update({"copies_direct": copies, "copies_ray_data": {**copies, "engine": "ray_data"},
+                  "copies_classes": {**copies, "task": "classification"},
+                  "copies_classes_ray_data": {**copies, "task": "classification", "engine": "ray_data"}})
     for name, (file, fields, _, _) in VALIDATION_CASES.items():
         specs[f"invalid_{name}"] = {"source": inputs[file], "seed": SEED, **fields}
         specs[f"invalid_{name}_ray_data"] = {"source": inputs[file], "seed": SEED, "engine": "ray_data", **fields}
     for name, fields in specs.items():
         fields["artifact_dir"] = str(folder / "out" / name)
-        fields["label_column"] = wine.LABEL
+        fields.setdefault("label_column", wine.LABEL)
     outcomes = run_in_ray_driver(ray_cluster, specs, folder)
     return {name: {**outcome, "artifact_dir": specs[name]["artifact_dir"]} for name, outcome in outcomes.items()}
 
@@ -419,6 +471,29 @@ def test_data_stage_direct_and_ray_data_engines_write_the_same_splits_and_statis
             assert fitted[1].statistics[column] == pytest.approx(stats, rel=1e-12)
         for name in ("train", "validation", "test"):
             pd.testing.assert_frame_equal(_split(direct, name), _split(ray_data, name))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_data_stage_spreads_the_copies_of_a_row_over_the_splits_in_both_engines(runs, task):
+    """A table of 8 profiles x 300 rows, each profile a third labelled 1: every profile trains and
+    is tested with both of its labels in the shares it has, and both engines write the same rows."""
+    names = ("copies_direct", "copies_ray_data") if task == "regression" else ("copies_classes", "copies_classes_ray_data")
+    direct, ray_data = (_result(runs, name) for name in names)
+    assert json.load(open(ray_data["profile_uri"]))["engine"]["name"] == "ray_data"
+    for name in SPLITS:
+        pd.testing.assert_frame_equal(_split(direct, name), _split(ray_data, name))
+    features = direct["feature_columns"]
+    counts = {name: pd.read_parquet(direct["split_uris"][name]).groupby(features)["label"].agg(["size", "mean"])
+              for name in SPLITS}
+    assert len(counts["train"]) == len(counts["test"]) == 8  # every profile in every split
+    for name in SPLITS:
+        shares = counts[name]["size"] / counts[name]["size"].sum()
+        assert np.allclose(shares, 1 / 8, atol=0.05), (name, shares)
+        # each profile's rows labelled 1: a third, as in the table (grouped copies would give 0 or 1)
+        assert counts[name]["mean"].between(0.1, 0.6).all(), (name, counts[name])
+    assert sum(direct["rows"].values()) == 2400
+    assert direct["rows"]["train"] == pytest.approx(0.7 * 2400, abs=120)
 
 
 @pytest.mark.integration

@@ -17,7 +17,7 @@ from airflow_ray_ml_stages.constants import is_missing
 from airflow_ray_ml_stages.data.deferred_pandas import import_pandas
 from airflow_ray_ml_stages.data.schema import NULL_TOKENS, ColumnPlan
 from airflow_ray_ml_stages.data.sources import SAMPLE_ROWS
-from airflow_ray_ml_stages.data.split import hash_columns, split_of_hashes
+from airflow_ray_ml_stages.data.split import hash_columns, separate_copies, split_of_hashes
 from airflow_ray_ml_stages.errors import quotable
 from airflow_ray_ml_stages.preprocessor import boolean_numbers
 
@@ -301,7 +301,8 @@ class Batch:
         return split_of_hashes(self.hashes(keep, ctx), ctx.split)
 
     def hashes(self, keep: np.ndarray, ctx: "BatchContext") -> np.ndarray:
-        """The seeded 64-bit hash of each kept row's used values (sorted column order)."""
+        """The seeded 64-bit hash of each kept row's used values (sorted column order), each copy of a row
+        in the batch hashed by itself (:func:`~airflow_ray_ml_stages.data.split.separate_copies`)."""
         if not keep.any():
             return np.zeros(0, dtype="uint64")
         positions = {column: index for index, column in enumerate(ctx.numeric)}
@@ -317,7 +318,7 @@ class Batch:
                 codes, values = ((self.label_codes, self.label_values) if column == ctx.label
                                  else (self.codes[column], self.values[column]))
                 canonical[column] = (codes if every else codes[keep], values)
-        return hash_columns(list(canonical.values()), ctx.seed)
+        return separate_copies(hash_columns(list(canonical.values()), ctx.seed))
 
     def kept_label(self, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """The kept rows' label: its numeric column, and a text label's codes (None for a numeric label)."""

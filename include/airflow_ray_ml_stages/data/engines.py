@@ -62,10 +62,13 @@ def _csv_options(layout: SourceLayout, plan: ColumnPlan):
 
 
 def iter_source_tables(layout: SourceLayout, plan: ColumnPlan, batch_rows: int = BATCH_ROWS):
-    """Stream one source as pyarrow tables of about ``batch_rows`` rows (its used columns only).
+    """Stream one source as pyarrow tables of ``batch_rows`` rows, the last one fewer (its used columns only).
 
-    Nothing but the current batch is held: CSV is read with pyarrow's streaming reader (blocks
-    parsed on all cores), Parquet one record batch at a time.
+    The tables are the file's rows ``[0, batch_rows)``, ``[batch_rows, 2 * batch_rows)``, ...: the
+    batches Ray Data's ``map_batches`` gives a file read as one block, so the copies of a row that
+    a batch numbers (:func:`~airflow_ray_ml_stages.data.split.separate_copies`) are the same in
+    both engines. Nothing but the current batch is held: CSV is read with pyarrow's streaming
+    reader (blocks parsed on all cores), Parquet one record batch at a time.
     """
     import pyarrow as pa
 
@@ -75,8 +78,8 @@ def iter_source_tables(layout: SourceLayout, plan: ColumnPlan, batch_rows: int =
 
         used = [c for c in layout.columns if c in plan.used]
         with filesystem.open_input_file(inner) as handle:
-            for batch in pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=used):
-                yield pa.Table.from_batches([batch])
+            yield from _exact_batches(pq.ParquetFile(handle).iter_batches(batch_size=batch_rows, columns=used),
+                                      batch_rows)
         return
     import pyarrow.csv as pacsv
 
@@ -84,15 +87,24 @@ def iter_source_tables(layout: SourceLayout, plan: ColumnPlan, batch_rows: int =
     with filesystem.open_input_stream(inner) as stream:
         reader = pacsv.open_csv(stream, read_options=pacsv.ReadOptions(use_threads=True, block_size=CSV_BLOCK_BYTES),
                                 parse_options=parse, convert_options=convert)
-        pending, rows = [], 0
-        for batch in reader:
-            pending.append(batch)
-            rows += batch.num_rows
-            if rows >= batch_rows:
-                yield pa.Table.from_batches(pending)
-                pending, rows = [], 0
-        if pending:
-            yield pa.Table.from_batches(pending)
+        yield from _exact_batches(reader, batch_rows)
+
+
+def _exact_batches(record_batches, batch_rows: int):
+    """Record batches of any sizes as tables of exactly ``batch_rows`` rows (the last one fewer)."""
+    import pyarrow as pa
+
+    pending, rows, yielded = [], 0, False
+    for batch in record_batches:
+        pending.append(batch)
+        rows += batch.num_rows
+        while rows >= batch_rows:
+            table = pa.Table.from_batches(pending)
+            yield table.slice(0, batch_rows)
+            yielded, rest = True, table.slice(batch_rows)
+            pending, rows = [rest.combine_chunks().to_batches()[0]] if rest.num_rows else [], rest.num_rows
+    if pending and (rows or not yielded):  # an input without rows is one empty table, as it was read
+        yield pa.Table.from_batches(pending)
 
 
 def _in_order(function, items: Iterable, workers: int):

@@ -7,6 +7,12 @@ values unseeded; so for any seed but 0 a seed-derived constant is mixed into eac
 (:func:`reseed`), and every seed splits every table differently. Seed 0 is pandas' hash unchanged,
 which keeps the splits of seed-0 runs where they always were.
 
+Identical rows are placed one by one, as distinct rows are: each repeat of a row within a batch
+(the engines' batches are the same runs of rows of a file) gets a hash of its own, derived from the
+row's hash and how many copies of it came before (:func:`separate_copies`); the first keeps the
+row's hash. Placing the copies together would group them by label too, since the label is one of
+the hashed values: a profile seen with both labels would train on one and be tested on the other.
+
 Regression cuts each row's hash, read as a uniform number in [0, 1), at the split fractions
 (:func:`split_of_hashes`). Classification stratifies: pass 1 counts each class's rows per hash bin
 (:func:`bins_of_hashes`, ``STRATA_BINS`` bins), :func:`stratified_cuts` places each class's cut
@@ -167,6 +173,32 @@ def reseed(hashed: np.ndarray, seed: int) -> np.ndarray:
     return _spread(hashed)
 
 
+COPY_CONSTANT = 0x9E3779B97F4A7C15
+"""Multiplied by a repeat's rank (1, 2, ...) and mixed into its row hash (:func:`separate_copies`)."""
+
+
+def separate_copies(hashed: np.ndarray) -> np.ndarray:
+    """Row hashes with every repeat of an earlier row's hash hashed anew (in place).
+
+    The k-th repeat (k = 1, 2, ...) of a hash, in row order, becomes the hash mixed with
+    ``k * COPY_CONSTANT`` and re-spread; the first occurrence, and so every row without a copy, keeps
+    its hash. Copies are interchangeable, so which copy is the k-th does not matter: the rows each
+    split receives are the same whatever the order of the rows.
+    """
+    count = len(hashed)
+    ordered = np.sort(hashed)  # a table without copies, the common case, costs this one sort (~1 ms a batch)
+    if count < 2 or not (ordered[1:] == ordered[:-1]).any():
+        return hashed
+    order = np.argsort(hashed, kind="stable")  # ties in row order: the first occurrence is rank 0
+    ordered = hashed[order]
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    rank = np.empty(count, dtype="uint64")
+    rank[order] = np.arange(count) - np.repeat(starts, np.diff(np.append(starts, count)))
+    copies = np.flatnonzero(rank)
+    hashed[copies] = _spread(hashed[copies] ^ (rank[copies] * np.uint64(COPY_CONSTANT)))
+    return hashed
+
+
 def hash_columns(columns: list, seed: int) -> np.ndarray:
     """Each row's split hash: ``pd.util.hash_pandas_object(pd.DataFrame(columns), index=False,
     hash_key=hash_key(seed))`` without pandas, then :func:`reseed` for a seed other than 0.
@@ -197,7 +229,8 @@ def _categorical(values: np.ndarray) -> tuple[np.ndarray, list]:
 
 
 def assign_splits(frame: pd.DataFrame, columns: list[str], fractions: list[float], seed: int) -> np.ndarray:
-    """Split index (0 train, 1 validation, 2 test) of each row, from a seeded hash of its values."""
+    """Split index (0 train, 1 validation, 2 test) of each row, from a seeded hash of its values (the
+    frame one batch: each copy of a row placed by itself, :func:`separate_copies`)."""
     pd = import_pandas()
 
     if frame.empty:
@@ -205,4 +238,4 @@ def assign_splits(frame: pd.DataFrame, columns: list[str], fractions: list[float
     # Canonical types first: a value hashes the same whether it came from CSV, Parquet or pandas.
     canonical = [frame[column].to_numpy(dtype="float64") if pd.api.types.is_numeric_dtype(frame[column])
                  else _categorical(frame[column].to_numpy(dtype=object)) for column in columns]
-    return split_of_hashes(hash_columns(canonical, seed), fractions)
+    return split_of_hashes(separate_copies(hash_columns(canonical, seed)), fractions)
