@@ -167,7 +167,7 @@ def reseed(hashed: np.ndarray, seed: int) -> np.ndarray:
     The seed's constant is XORed in and the result re-spread: a bijection of the 64-bit hashes, so
     rows that hashed apart still do, and each seed gives an unrelated uniform number per row.
     """
-    if seed == 0:  # pandas' hash as it is: seed-0 splits never move
+    if seed == 0:  # pandas' hash as it is: seed-0 splits of rows without copies never move
         return hashed
     hashed ^= np.uint64(seed_constant(seed))
     return _spread(hashed)
