@@ -70,8 +70,6 @@ def iter_source_tables(layout: SourceLayout, plan: ColumnPlan, batch_rows: int =
     both engines. Nothing but the current batch is held: CSV is read with pyarrow's streaming
     reader (blocks parsed on all cores), Parquet one record batch at a time.
     """
-    import pyarrow as pa
-
     filesystem, inner = filesystem_of(layout.path)
     if layout.file_format == "parquet":
         import pyarrow.parquet as pq
@@ -94,16 +92,16 @@ def _exact_batches(record_batches, batch_rows: int):
     """Record batches of any sizes as tables of exactly ``batch_rows`` rows (the last one fewer)."""
     import pyarrow as pa
 
-    pending, rows, yielded = [], 0, False
+    pending, rows = [], 0
     for batch in record_batches:
         pending.append(batch)
         rows += batch.num_rows
         while rows >= batch_rows:
             table = pa.Table.from_batches(pending)
             yield table.slice(0, batch_rows)
-            yielded, rest = True, table.slice(batch_rows)
-            pending, rows = [rest.combine_chunks().to_batches()[0]] if rest.num_rows else [], rest.num_rows
-    if pending and (rows or not yielded):  # an input without rows is one empty table, as it was read
+            rest = table.slice(batch_rows)
+            pending, rows = rest.to_batches(), rest.num_rows  # no batch where nothing is left
+    if pending:  # the rest; an input without rows is one empty table, as it was read
         yield pa.Table.from_batches(pending)
 
 

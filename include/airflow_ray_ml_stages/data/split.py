@@ -187,11 +187,11 @@ def separate_copies(hashed: np.ndarray) -> np.ndarray:
     """
     count = len(hashed)
     ordered = np.sort(hashed)  # a table without copies, the common case, costs this one sort (~1 ms a batch)
-    if count < 2 or not (ordered[1:] == ordered[:-1]).any():
+    repeats = ordered[1:] == ordered[:-1]
+    if not repeats.any():
         return hashed
     order = np.argsort(hashed, kind="stable")  # ties in row order: the first occurrence is rank 0
-    ordered = hashed[order]
-    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    starts = np.flatnonzero(np.concatenate([[True], ~repeats]))  # hashed[order] is ``ordered``
     rank = np.empty(count, dtype="uint64")
     rank[order] = np.arange(count) - np.repeat(starts, np.diff(np.append(starts, count)))
     copies = np.flatnonzero(rank)
