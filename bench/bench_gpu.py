@@ -165,16 +165,20 @@ class Bench:
 
 def plain(family: str, fields: dict, iterations: int, device: str, threads: int, batch_size: int) -> dict:
     """``bench/plain_train.py`` in a fresh process (spawn to exit): its JSON line."""
+    from tests.child import read_result, result_file
+
     splits = {name: fields[f"{name}_uri"] for name in ("train", "validation", "test")}
+    result_path = result_file()
     output = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "plain_train.py"), "--family", family, "--splits", json.dumps(splits),
          "--features", json.dumps(fields["feature_columns"]), "--iterations", str(iterations), "--device", device,
-         "--threads", str(threads), *(["--batch-size", str(batch_size)] if family != "xgboost" else [])],
+         "--threads", str(threads), *(["--batch-size", str(batch_size)] if family != "xgboost" else []),
+         "--result", result_path],
         capture_output=True, text=True, check=False,
     )
+    result = read_result(result_path)
     if output.returncode:
         raise SystemExit(f"plain_train.py --family {family} --device {device} failed:\n{output.stderr[-3000:]}")
-    result = json.loads(output.stdout.strip().splitlines()[-1])
     return {"rmse": result["test_rmse"], "fit_s": result.get("fit_s")}
 
 

@@ -47,7 +47,7 @@ def time_operator(conn_id: str, repeats: int) -> tuple[list[float], dict]:
 
 def time_naive(cluster: LocalRayCluster, timeout_s: float) -> float:
     """The hand-made pattern: a num_gpus=1 task and ray.wait with a timeout, in a fresh driver."""
-    import subprocess
+    from tests.child import run_python
 
     code = (
         "import ray, time\n"
@@ -56,11 +56,10 @@ def time_naive(cluster: LocalRayCluster, timeout_s: float) -> float:
         "ref = ray.remote(num_gpus=1)(lambda: 1).remote()\n"
         f"ready, _ = ray.wait([ref], timeout={timeout_s})\n"
         "ray.cancel(ref, force=True) if not ready else None\n"
-        "print(time.perf_counter() - t)\n"
+        "report(time.perf_counter() - t)\n"
     )
     env = dict(os.environ, RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=cluster.token)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(run_python(code, env=env).result)
 
 
 def _connect(conn_id: str, cluster: LocalRayCluster) -> None:

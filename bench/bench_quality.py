@@ -48,7 +48,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +62,7 @@ import airflow_ray_ml_stages  # noqa: E402
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
 from airflow_ray_ml_stages.ensemble import describe_members  # noqa: E402
 from scripts.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
+from tests.child import run_python  # noqa: E402
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, regression_metrics  # noqa: E402
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -83,11 +83,11 @@ DAG_PARAMS = ("families", "scalers", "num_trials", "searcher", "time_budget_s", 
 # The DAG's own module, read in a fresh process (Airflow's import is slow and writes into its home):
 # its Param defaults are what a default run searches with, so the bench never restates them.
 _READ_DAG_PARAMS = f"""
-import json, sys
+import sys
 sys.path[:0] = [{str(ROOT / 'dags')!r}, {str(ROOT)!r}]
 import wine_quality_pipeline as module
 params = module.dag.params
-print(json.dumps({{name: params[name] for name in {list(DAG_PARAMS)!r}}}))
+report({{name: params[name] for name in {list(DAG_PARAMS)!r}}})
 """
 
 
@@ -95,9 +95,7 @@ def dag_defaults(work: Path) -> dict:
     """The wine DAG's Param defaults that set its search (families, scalers, trials, budget, ...)."""
     env = {**os.environ, "AIRFLOW_HOME": str(work / "airflow-home"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}
-    output = subprocess.run([sys.executable, "-c", _READ_DAG_PARAMS], env=env, capture_output=True, text=True,
-                            check=True).stdout
-    return json.loads(output.strip().splitlines()[-1])
+    return run_python(_READ_DAG_PARAMS, env=env).result
 
 
 # -- data ----------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 import airflow_ray_ml_stages  # noqa: E402
 from airflow_ray_ml_stages.constants import JOB_ENV_VARS  # noqa: E402
 from scripts.localcluster import LocalRayCluster, interrupt_on_termination, new_token  # noqa: E402
+from tests.child import read_result, result_file  # noqa: E402
 from tests.train_data import write_splits  # noqa: E402
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -54,15 +55,16 @@ def plain(family: str, fields: dict, iterations: int, batch_size: int | None = N
           whole_batches: bool = False, details: dict | None = None, processes: int = 1) -> tuple[float, float]:
     """The plain script's seconds (spawn to exit) and test RMSE; ``details`` gets its JSON line."""
     splits = {name: fields[f"{name}_uri"] for name in ("train", "validation", "test")}
+    result_path = result_file()
     started = time.monotonic()
-    output = subprocess.run(
+    subprocess.run(
         [sys.executable, str(ROOT / "bench" / "plain_train.py"), "--family", family, "--splits", json.dumps(splits),
          "--features", json.dumps(fields["feature_columns"]), "--iterations", str(iterations),
          *(["--batch-size", str(batch_size)] if batch_size else []), *(["--whole-batches"] if whole_batches else []),
-         "--processes", str(processes)],
+         "--processes", str(processes), "--result", result_path],
         capture_output=True, text=True, check=True,
-    ).stdout
-    result = json.loads(output.strip().splitlines()[-1])
+    )
+    result = read_result(result_path)
     if details is not None:
         details.update(result)
     return time.monotonic() - started, result["test_rmse"]

@@ -148,6 +148,8 @@ def main() -> None:
                         help="Lightning: train in this many DDP processes (gloo, one thread each), without Ray")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch, XGBoost)")
+    parser.add_argument("--result", required=True,
+                        help="file for the JSON result (stdout is shared with Lightning's and torch's own output)")
     args = parser.parse_args()
     splits, features = json.loads(args.splits), json.loads(args.features)
     on = {"device": args.device, "threads": args.threads}
@@ -160,9 +162,9 @@ def main() -> None:
         predictions = plain_xgboost(splits, features, args.label, args.iterations, args.seed, **on)
     test_y = pd.read_parquet(splits["test"], columns=[args.label])[args.label].to_numpy(np.float64)
     rmse = float(np.sqrt(np.mean((predictions - test_y) ** 2)))
-    print(json.dumps({"family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED,
-                      "train_rows": int(pd.read_parquet(splits["train"], columns=[args.label]).shape[0]),
-                      **FIT_S}))
+    Path(args.result).write_text(json.dumps({
+        "family": args.family, "test_rmse": rmse, "seconds": time.monotonic() - STARTED,
+        "train_rows": int(pd.read_parquet(splits["train"], columns=[args.label]).shape[0]), **FIT_S}))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import airflow_ray_ml_stages
+from tests.child import run_python
 from tests.conftest import ROOT, requires_ml_extra
 
 RAYML_DIR = Path(airflow_ray_ml_stages.__file__).parent
@@ -247,10 +248,8 @@ HEAVY = ("pandas", "pyarrow.compute", "torch", "lightning", "pytorch_lightning",
 
 def _loaded_after_import(modules: list[str], watched: tuple[str, ...]) -> list[str]:
     code = (f"import importlib, sys\nfor name in {modules!r}: importlib.import_module(name)\n"
-            f"print(sorted(m for m in {list(watched)!r} if m in sys.modules))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=CHECKOUT_ENV)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return ast.literal_eval(result.stdout.strip().splitlines()[-1])
+            f"report(sorted(m for m in {list(watched)!r} if m in sys.modules))\n")
+    return run_python(code, env=CHECKOUT_ENV).result
 
 
 def test_the_stage_entry_modules_import_no_heavy_library():

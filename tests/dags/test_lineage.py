@@ -10,11 +10,10 @@ itself there as it would for a team, while the rest of the suite runs with linea
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests.child import run_python
 from tests.dags.wine_runs import WINE_ROUTE, serve_url
 from tests.operators.test_ray_job import _xcom
 
@@ -39,10 +38,9 @@ def test_dataset_names_follow_the_openlineage_naming_spec():
 def test_the_operators_load_no_openlineage_code_until_asked_for_lineage():
     # the provider is imported only when it calls: a worker without it runs the operators as before
     code = ("import sys\nfrom airflow_ray_ml import lineage, ray_job, ray_score, ray_serve\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('openlineage', 'airflow.providers.openlineage.'))"
+            "report(sorted(m for m in sys.modules if m.startswith(('openlineage', 'airflow.providers.openlineage.'))"
             " and not m.endswith('.get_provider_info')))")  # the provider's config, which Airflow reads
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "[]"
+    assert run_python(code).result == []
 
 
 @pytest.mark.integration

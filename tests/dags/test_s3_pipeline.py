@@ -14,8 +14,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from datetime import datetime, timezone
 
 import pandas as pd
@@ -23,6 +21,7 @@ import pytest
 import requests
 
 from airflow_ray_ml_stages import artifacts
+from tests.child import run_python
 from tests.conftest import ROOT, TEST_CLUSTER_ENV, load_dag, run_dir
 from tests.dags.wine_runs import ONE_TRIAL, ROW, WORSE, states
 from tests.operators.test_ray_job import _xcom
@@ -79,7 +78,6 @@ def on_s3(airflow_db, s3_server, s3_cluster, monkeypatch):
 
 # The "Ray ML" page as a fresh api-server process runs it: nothing there has read the connection yet.
 PAGE_IN_A_FRESH_PROCESS = """
-import json
 from airflow.api_fastapi.app import create_auth_manager
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 from airflow_ray_ml.plugins import ray_ml
@@ -89,7 +87,7 @@ user = SimpleAuthManagerUser(username="admin", role="admin")
 png = ray_ml.plot_bytes(user)
 data = ray_ml.PageData(conn_id=ray_ml.ray_conn_id())
 ray_ml.load_tune(data, user)
-print(json.dumps({"png_bytes": len(png), "rows": len(data.tune.rows or []), "error": data.tune.leaderboard_error}))
+report({"png_bytes": len(png), "rows": len(data.tune.rows or []), "error": data.tune.leaderboard_error})
 """
 
 
@@ -167,10 +165,7 @@ def test_both_dags_and_a_rollback_on_two_nodes_with_the_artifacts_on_s3(on_s3, s
     assert history[-1]["action"] == "rollback" and history[-1]["version"] == first_version
 
     # 5. the page reads the Tune run's plot and leaderboard from the bucket with the storage connection
-    page = subprocess.run([sys.executable, "-c", PAGE_IN_A_FRESH_PROCESS], capture_output=True, text=True,
-                          env=os.environ.copy(), timeout=120)
-    assert page.returncode == 0, page.stderr[-2000:]
-    shown = json.loads(page.stdout.strip().splitlines()[-1])
+    shown = run_python(PAGE_IN_A_FRESH_PROCESS, timeout=120).result
     assert shown["png_bytes"] > 1000 and shown["rows"] >= 1 and shown["error"] is None, shown
 
     # 6. the secret is nowhere Ray or Airflow show it

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from datetime import datetime
 from types import SimpleNamespace
 
+from tests.child import run_python
 from tests.conftest import ROOT
 
 ROW = {"fixed acidity": 7.0, "volatile acidity": 0.27, "citric acid": 0.36, "residual sugar": 20.7,
@@ -25,7 +24,7 @@ WINE_APP, WINE_ROUTE = "wine-quality", "/wine"  # where the pipeline serves with
 # a deliberately worse search: one shallow boosting round
 WORSE = {"family": "xgboost", "scaler": "standard", "xgboost": {"num_boost_round": 1, "max_depth": 1}}
 
-# dag.test() one run; its run id, its state and the tasks' on a line of their own
+# dag.test() one run; its run id, its state and the tasks' reported in a file (tests/child.py)
 _RUN_DAG = """
 import json, sys
 from datetime import datetime
@@ -35,7 +34,7 @@ when = datetime.fromisoformat(when)
 run = load_dag(dag_id, ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
 states = {ti.task_id: ti.state for ti in run.get_task_instances()}
 result = {"dag_id": dag_id, "run_id": run.run_id, "state": run.state, "states": states}
-print("DAG_RUN " + json.dumps(result), flush=True)
+report(result)
 """
 
 
@@ -43,12 +42,8 @@ def run_dag_in_child(dag_id: str, when: datetime, conf: dict, env: dict[str, str
     """One run of a DAG of ``dags/`` through ``dag.test()``, in a child interpreter with ``env`` (an
     Airflow setting that is read when the operators are imported, such as lineage or deferrable):
     ``dag_id``, ``run_id``, ``state``, ``states`` and the child's ``output`` (the task logs)."""
-    result = subprocess.run([sys.executable, "-c", _RUN_DAG, json.dumps([dag_id, when.isoformat(), conf])],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0 and "DAG_RUN " in result.stdout, output[-4000:]
-    run = json.loads(result.stdout.rsplit("DAG_RUN ", 1)[1].splitlines()[0])
-    return SimpleNamespace(**run, output=output)
+    child = run_python(_RUN_DAG, json.dumps([dag_id, when.isoformat(), conf]), cwd=ROOT, env=env, timeout=timeout_s)
+    return SimpleNamespace(**child.result, output=child.output)
 
 
 def states(dag_run) -> dict[str, str]:

@@ -21,6 +21,7 @@ from airflow_ray_ml_stages.data.split import SPLITS, assign_splits
 from airflow_ray_ml_stages.errors import DataSourceError, SpecError
 from airflow_ray_ml_stages.preprocessor import Moments, Preprocessor, feature_affine, inverse_transform
 from airflow_ray_ml_stages.specs import PreprocessSpec
+from tests.child import run_python
 from tests.conftest import ROOT
 
 SEED = 5
@@ -139,7 +140,7 @@ for name, fields in json.loads(sys.argv[1]).items():
     except Exception as err:
         outcomes[name] = f"{type(err).__name__}: {err}"
     outcomes[name + " imported"] = sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules)
-print(json.dumps(outcomes))
+report(outcomes)
 """
 
 
@@ -155,10 +156,8 @@ def test_direct_engine_in_a_fresh_process_needs_neither_pandas_nor_pyarrow_compu
              "text": {"source": [str(tmp_path / "text.parquet")], "artifact_dir": str(tmp_path / "out-text"),
                       "label_column": wine.LABEL,
                       "categorical_columns": [wine.TYPE_COLUMN]}}  # else a text column is categorical
-    done = subprocess.run([sys.executable, "-c", FRESH_RUN, json.dumps(specs)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
-    assert done.returncode == 0, done.stderr[-2000:]
-    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    outcomes = run_python(FRESH_RUN, json.dumps(specs),
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])}).result
     assert outcomes["csv"] == "ok" and outcomes["csv imported"] == []
     assert "'alcohol' must be numeric" in outcomes["text"] and "twelve" in outcomes["text"]
     assert "pandas" in outcomes["text imported"]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.errors import ClusterError, SpecError, TrainingError
 from airflow_ray_ml_stages.model_card import ModelCard
 from airflow_ray_ml_stages.train.failures import not_retryable
+from tests.child import run_python
 from tests.conftest import ROOT, load_dag, requires_ml_extra, skip_without_ml_extra
 from tests.hidden_packages import hiding_env
 from tests.operators.test_ray_job import _jobs_of, _xcom
@@ -39,10 +38,9 @@ def _env(hidden: list[str], directory: Path) -> dict[str, str]:
     return env
 
 
-def _python(code: str, env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
+def _python(code: str, env: dict[str, str], *args: str):
+    """What ``code`` reports (tests/child.py), run with ``args`` in a child with ``env``."""
+    return run_python(code, *args, env=env, timeout=300).result
 
 
 # One fresh process per package case does what each test below checks, in the order a job does it:
@@ -50,7 +48,7 @@ def _python(code: str, env: dict[str, str], *args: str) -> str:
 # training run in the job's own process (Train's local mode without Ray, early stopping on). Each
 # such process spends seconds importing torch, Lightning and Ray; the tests share them.
 FRESH_PROCESS = """\
-import importlib, importlib.util, json, sys
+import importlib, importlib.util, sys
 def imports(name):
     try:
         importlib.import_module(name)
@@ -67,7 +65,7 @@ chosen = [pl.__name__, issubclass(RayDDPStrategy, pl.strategies.Strategy), issub
 from airflow_ray_ml_stages.specs import TrainSpec
 from airflow_ray_ml_stages.train.stage import run_training
 result = run_training(TrainSpec.from_json(sys.argv[1]))
-print(json.dumps({"imported": imported, "chosen": chosen, "result": result.to_dict()}))
+report({"imported": imported, "chosen": chosen, "result": result.to_dict()})
 """
 
 
@@ -78,18 +76,18 @@ def fresh_process(tmp_path_factory):
     skip_without_ml_extra()
     reports: dict[tuple[str, ...], dict] = {}
 
-    def report(hidden: list[str]) -> dict:
+    def reported(hidden: list[str]) -> dict:
         key = tuple(hidden)
         if key not in reports:
             directory = tmp_path_factory.mktemp("fresh-process")
             fields = write_splits(directory / "splits", rows=1200, seed=5)
             spec = {**fields, "artifact_dir": str(directory / "train"),
                     "config": {"family": "lightning", "max_epochs": 2, "patience": 2, "hidden_sizes": [8]}}
-            reports[key] = {**json.loads(_python(FRESH_PROCESS, _env(hidden, directory / "hide"), json.dumps(spec))),
+            reports[key] = {**_python(FRESH_PROCESS, _env(hidden, directory / "hide"), json.dumps(spec)),
                             "splits": fields, "artifact_dir": spec["artifact_dir"]}
         return reports[key]
 
-    return report
+    return reported
 
 
 @pytest.mark.parametrize("hidden, expected", PACKAGE_CASES)
@@ -117,14 +115,14 @@ def test_in_process_lightning_training_records_the_package_it_used(fresh_process
 def test_trained_lightning_model_loads_and_predicts_without_either_lightning_package(fresh_process, tmp_path):
     """Loading and serving need torch only: the model directory holds a state_dict and its config."""
     trained = fresh_process([])
-    code = ("import json, sys\n"
+    code = ("import sys\n"
             "import numpy as np, pandas as pd\n"
             "from airflow_ray_ml_stages.models import load_model\n"
             "model = load_model(sys.argv[1])\n"
             "test = pd.read_parquet(sys.argv[2])[model.card.feature_columns].to_numpy(np.float32)\n"
-            "print(json.dumps([model.predict(test).tolist(), sorted(m for m in sys.modules if 'lightning' in m)]))\n")
-    predicted, loaded = json.loads(_python(code, _env(["lightning", "pytorch_lightning"], tmp_path / "hide"),
-                                           trained["result"]["model_dir"], trained["splits"]["test_uri"]))
+            "report([model.predict(test).tolist(), sorted(m for m in sys.modules if 'lightning' in m)])\n")
+    predicted, loaded = _python(code, _env(["lightning", "pytorch_lightning"], tmp_path / "hide"),
+                                trained["result"]["model_dir"], trained["splits"]["test_uri"])
     with np.load(Path(trained["artifact_dir"]) / "evaluation" / "test.npz", allow_pickle=False) as saved:
         np.testing.assert_allclose(predicted, saved["y_pred"], rtol=1e-5, atol=1e-5)
     assert loaded == []

@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -24,6 +22,7 @@ from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 from airflow_ray_ml_stages.train.run_dir import run_name
 from airflow_ray_ml_stages.train.sizing import plan_training, plan_workers
 from airflow_ray_ml_stages.train.stage import run_training
+from tests.child import run_python
 from tests.conftest import requires_ml_extra
 
 DATA = {"artifact_dir": "/tmp/a", "train_uri": "/d/train.parquet", "validation_uri": "/d/validation.parquet",
@@ -162,13 +161,10 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     code = ("import json, sys; from airflow_ray_ml_stages.specs import TrainSpec; from airflow_ray_ml_stages.train.stage import run_training; "
             "result = run_training(TrainSpec.from_json(sys.argv[1])); "
             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'; "
-            "print(json.dumps(result.to_dict()))")
+            "report(result.to_dict()))")
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "include")])
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, env=env,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_python(code, json.dumps(spec), env=env, timeout=120).result
     done_iterations = result["training"].get("rounds_run", result["training"].get("epochs_run"))
     assert result["training"]["runner"] == "in_process" and done_iterations == (20 if config["family"] == "xgboost" else 3)
     assert result["compute_used"]["local_mode"] is True and result["compute_used"]["num_workers"] == 0
@@ -407,12 +403,10 @@ def test_scikit_learn_family_trains_in_process_saves_plain_arrays_and_serves_wit
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT), str(ROOT / "include")])
     code = ("import sys, json, numpy as np, pandas as pd; from airflow_ray_ml_stages.models import load_model; "
             "model = load_model(sys.argv[1]); test = pd.read_parquet(sys.argv[2]); "
-            "print(json.dumps(model.predict(test[json.loads(sys.argv[3])].to_numpy(np.float32)).tolist())); "
+            "report(model.predict(test[json.loads(sys.argv[3])].to_numpy(np.float32)).tolist()); "
             "assert 'sklearn' not in sys.modules")
-    done = subprocess.run([sys.executable, "-c", code, result.model_dir, fields["test_uri"],
-                           json.dumps(fields["feature_columns"])], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    served = np.asarray(json.loads(done.stdout))
+    served = np.asarray(run_python(code, result.model_dir, fields["test_uri"], json.dumps(fields["feature_columns"]),
+                                   env=env, timeout=120).result)
     with np.load(tmp_path / "train" / "evaluation" / "test.npz", allow_pickle=False) as saved:
         np.testing.assert_allclose(served, saved["y_pred"], rtol=1e-12, atol=1e-12)
 

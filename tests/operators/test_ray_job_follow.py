@@ -5,8 +5,6 @@ the job stopped when a deferral times out or the task is killed, against the fak
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -14,6 +12,7 @@ import pytest
 
 from airflow_ray_ml.errors import RayJobTimeoutError
 from airflow_ray_ml.ray_job import RayJobOperator
+from tests.child import run_python
 from tests.conftest import ROOT
 
 
@@ -33,14 +32,11 @@ def _context() -> dict:
 
 @pytest.mark.parametrize("setting", ["True", "False"])
 def test_deferrable_defaults_to_airflows_default_deferrable(setting):
-    code = "from airflow_ray_ml.ray_job import RayJobOperator; print(RayJobOperator(task_id='t', stage='generate').deferrable)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env={**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": setting,
-             "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])},
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == setting
+    code = "from airflow_ray_ml.ray_job import RayJobOperator; report(RayJobOperator(task_id='t', stage='generate').deferrable)"
+    child = run_python(code, timeout=120, cwd=ROOT,
+                       env={**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": setting,
+                            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "include")])})
+    assert child.result is (setting == "True")
 
 
 def test_wait_logs_each_line_as_the_job_writes_it(fake_jobs_api):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -16,6 +14,7 @@ from airflow_ray_ml.decorators.ray import ray_task, task_function_source
 from airflow_ray_ml.errors import RayTaskFunctionError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.job_status import base_submission_id
+from tests.child import run_python
 from tests.conftest import ROOT, load_dag
 from tests.operators.test_ray_job import _jobs_of, _xcom
 
@@ -114,10 +113,8 @@ def test_parsing_the_task_ray_dag_imports_no_ray():
             "except ImportError:\n    from airflow.models.dagbag import DagBag  # Airflow 3.1\n"
             f"bag = DagBag(dag_folder={str(ROOT / 'tests' / 'dag_fixtures' / 'task_ray_dags.py')!r})\n"
             "assert not bag.import_errors and 'task_ray' in bag.dags, bag.import_errors\n"
-            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+            "report(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n")
+    assert run_python(code, cwd=ROOT).result == []
 
 
 @pytest.mark.integration
