@@ -93,6 +93,8 @@ _ROLLOUT = {"rollout": "{{ dag_run.conf.get('rollout', 'direct') }}", "rollout_s
             "replica_cpus": 0.1, "max_latency_ratio": 10.0}
 serve_rollout = _deploy_dag("serve_rollout", app_name="wine-rollout", route_prefix="/rollout", **_ROLLOUT)
 serve_canary = _deploy_dag("serve_canary", app_name="wine-canary", route_prefix="/canary", **_ROLLOUT)
-# The same, with a person's approval before the promotion (Airflow's Human-in-the-loop form).
+# The same, with a person's approval before the promotion (Airflow's Human-in-the-loop form). An
+# answer that never resumes the task ends the wait as a rejection after 5 minutes (the test's
+# approver gives up after 4), so the test fails saying so instead of waiting out its timeout.
 serve_approval = _deploy_dag("serve_approval", app_name="wine-approval", route_prefix="/approval", approval=True,
-                             **_ROLLOUT)
+                             approval_timeout=timedelta(minutes=5), **_ROLLOUT)

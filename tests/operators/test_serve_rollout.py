@@ -195,6 +195,17 @@ def _endpoint(prefix: str) -> str:
     return f"{RayHook().serve_url}{prefix}"
 
 
+def _served_version(prefix: str) -> str | None:
+    """The model version the application at ``prefix`` serves; None while nothing is served there: no
+    such application, or no Serve proxy at all yet (a cluster's first deploy starts it), which refuses
+    the connection. A test that ran first on a fresh cluster once failed on that refusal."""
+    try:
+        reply = requests.get(f"{_endpoint(prefix)}/health", timeout=10)
+    except requests.ConnectionError:
+        return None
+    return reply.json()["model_version"] if reply.status_code == 200 else None
+
+
 def _history(app: str) -> list[dict]:
     return artifacts.read_json(artifacts.join(RayHook().artifact_root, "serving", app, "history.json"))
 
@@ -292,7 +303,7 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
 
     _, state = _deploy("serve_rollout", model=good, data=data)
     assert state in ("success", "skipped")  # skipped: the canary test served it first
-    assert requests.get(f"{_endpoint('/rollout')}/health", timeout=10).json()["model_version"] == good["model_version"]
+    assert _served_version("/rollout") == good["model_version"]
     with Load("/rollout", rows) as load:
         before = _champion_replicas("wine-rollout")
         dag_run, state = _deploy("serve_rollout", model=better, data=data, rollout="shadow", labels=label_file)
@@ -344,10 +355,9 @@ def _wait_for_no_challenger_replica(app: str, timeout_s: float = 60) -> None:
 def test_a_canary_that_fails_every_request_is_rolled_back_by_itself_and_clients_see_no_error(trained_models):
     models, data = trained_models.models, trained_models.data
     rows, _, _ = _test_rows(data)
-    served = requests.get(f"{_endpoint('/rollout')}/health", timeout=10)
-    if served.status_code != 200:
+    if _served_version("/rollout") is None:
         assert _deploy("serve_rollout", model=models["good"], data=data)[1] == "success"
-    champion = requests.get(f"{_endpoint('/rollout')}/health", timeout=10).json()["model_version"]
+    champion = _served_version("/rollout")
     failing = _failing(models["better"], "failing-canary-1")
 
     with Load("/rollout", rows) as load:
@@ -485,9 +495,9 @@ def test_approval_approve_promotes_and_reject_keeps_the_champion_with_the_reason
     assert entry["action"] == "kept_champion" and entry["champion_version"] == good["model_version"]
     assert entry["reason"] == "rejected by ana: retrain after the price change"
     assert xcom(dag_run, "deploy", key="decision")["reason"] == entry["reason"]
-    assert requests.get(f"{_endpoint('/approval')}/health", timeout=10).json()["model_version"] == good["model_version"]
+    assert _served_version("/approval") == good["model_version"]
 
     _, state, _ = _deploy_answered(approver, "Approve", model=better, data=data)
     assert state == "success"
-    assert requests.get(f"{_endpoint('/approval')}/health", timeout=10).json()["model_version"] == better["model_version"]
+    assert _served_version("/approval") == better["model_version"]
     assert _history("wine-approval")[-1]["approval"]["by"] == "ana"
