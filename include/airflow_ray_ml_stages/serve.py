@@ -72,7 +72,7 @@ MAX_MIRROR_ROWS = 10_000
 # The challenger's deployment while no rollout runs: no model and no replica (the deploy lists it
 # so in every config it puts: airflow_ray_ml.serve_rollout.IDLE_AUTOSCALING, kept equal by a test).
 IDLE_AUTOSCALING = {"min_replicas": 0, "max_replicas": 1, "initial_replicas": 0, "downscale_delay_s": 1,
-                    "downscale_to_zero_delay_s": 1}
+                    "downscale_to_zero_delay_s": 1, "look_back_period_s": 2, "metrics_interval_s": 1}
 MAX_INSTANCES = 1024
 MAX_PROBLEMS = 100  # a 422 lists at most this many problems
 BATCH_SIZE = 32
