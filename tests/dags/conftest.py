@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from tests.conftest import _delete_serve_applications
+from tests.conftest import ROOT, _delete_serve_applications, load_dag
 from tests.dags.wine_runs import ROW, SMALL, WINE_APP, WINE_ROUTE, run_dag_in_child, serve_url
 
 # Lineage through Airflow's OpenLineage integration, in the children that run the regression DAGs
@@ -76,6 +76,14 @@ def _set_paused(dag_id: str, paused: bool) -> None:
         session.query(DagModel).filter(DagModel.dag_id == dag_id).update({DagModel.is_paused: paused})
 
 
+def _run_here(dag_id: str, when: datetime, conf: dict) -> SimpleNamespace:
+    """One run of a DAG of ``dags/`` through ``dag.test()`` in the test's own process, described as
+    ``run_dag_in_child`` describes its runs."""
+    run = load_dag(dag_id, ROOT / "dags").test(logical_date=when, run_after=when, run_conf=conf)
+    return SimpleNamespace(dag_id=dag_id, run_id=run.run_id, state=run.state, output="",
+                           states={ti.task_id: ti.state for ti in run.get_task_instances()})
+
+
 @pytest.fixture(scope="session")
 def wine_regression(airflow_db, ray_conn, artifact_root, tmp_path_factory):
     """The regression pipeline end to end, once: what tests/dags/test_wine_pipeline.py,
@@ -110,9 +118,9 @@ def wine_regression(airflow_db, ray_conn, artifact_root, tmp_path_factory):
         # Airflow queues a run for an asset event only in DAGs that are not paused (`make run` unpauses
         # the pipeline); paused again after it, the queued run waits for test_drift.py's scheduler.
         _set_paused("wine_quality_pipeline", False)
-        drifted = run_dag_in_child(  # without lineage: test_lineage.py reads the first scoring's events
-            "wine_batch_scoring", datetime(2026, 4, 4, tzinfo=timezone.utc), {"input": shifted},
-            {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "False"}, RUN_TIMEOUT_S)
+        # in this process, without lineage (test_lineage.py reads the first scoring's events) and
+        # not deferred, as the suite runs: no child's imports and parse to pay for
+        drifted = _run_here("wine_batch_scoring", datetime(2026, 4, 4, tzinfo=timezone.utc), {"input": shifted})
     finally:
         _set_paused("wine_quality_pipeline", True)
         _delete_serve_applications({WINE_APP})

@@ -9,13 +9,13 @@ Airflow's plugins manager, and through the REST API the home page's banner reads
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 
 import pytest
 import requests
 
+from tests.child import run_python
 from tests.conftest import ROOT
 from tests.plugins.api_server import running_api_server
 
@@ -26,15 +26,14 @@ _SPEC.loader.exec_module(stack)
 PLUGIN_NAME = "ray_ml"
 # What the home page's "Plugin Import Error" banner counts (GET /api/v2/plugins/importErrors reads it).
 _LOAD_PLUGINS = """
-import json
 from airflow import plugins_manager
 if hasattr(plugins_manager, "_get_plugins"):
     plugins, errors = plugins_manager._get_plugins()
 else:  # Airflow 3.1 keeps what it loaded in the module
     plugins_manager.ensure_plugins_loaded()
     plugins, errors = plugins_manager.plugins, plugins_manager.import_errors
-print(json.dumps({"plugins": [[p.name, str(p.source), [getattr(l, "__name__", str(l)) for l in p.listeners]]
-                              for p in plugins], "errors": errors}))
+report({"plugins": [[p.name, str(p.source), [getattr(l, "__name__", str(l)) for l in p.listeners]]
+                     for p in plugins], "errors": errors})
 """
 
 
@@ -53,9 +52,7 @@ def installed_checkout() -> None:
 def _plugins(tmp_path, **settings: str) -> dict:
     (tmp_path / "home").mkdir(exist_ok=True)
     env = {**stack.airflow_env(), "AIRFLOW_HOME": str(tmp_path / "home"), **settings}
-    out = subprocess.run([sys.executable, "-c", _LOAD_PLUGINS], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_python(_LOAD_PLUGINS, env=env, cwd=tmp_path, timeout=300).result
 
 
 def test_ray_ml_plugin_in_the_make_run_environment_registers_once_without_import_errors(installed_checkout, tmp_path):
