@@ -429,13 +429,14 @@ class Answerer:
     reason: str = ""
     asked: dict = field(default_factory=dict)  # the request answered
     error: str | None = None
+    stop: threading.Event = field(default_factory=threading.Event)  # the deploy ended (or was interrupted)
 
     def run(self) -> None:
         deadline = time.monotonic() + 240
         listing = f"{self.base}/api/v2/dags/{self.dag_id}/dagRuns/~/hitlDetails"
         seen_before: list[dict] = []
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not self.stop.is_set():
                 details = requests.get(listing, headers=self.headers, timeout=30).json().get("hitl_details", [])
                 # as the Required Actions page offers it: once the task waits (an answer recorded
                 # while the task is still parking would resume nothing)
@@ -454,7 +455,7 @@ class Answerer:
                         json={"chosen_options": [self.chosen], "params_input": {"reason": self.reason}})
                     assert answer.status_code == 200, answer.text
                     return
-                time.sleep(1)
+                self.stop.wait(1)
             self.error = "no approval was asked for"
         except Exception as err:  # reported by the test, which runs dag.test() in the main thread
             self.error = repr(err)
@@ -468,6 +469,7 @@ def _deploy_answered(approver, chosen: str, reason: str = "", **conf):
     try:
         dag_run, state = _deploy("serve_approval", **conf)
     finally:
+        answerer.stop.set()  # an interrupted run does not wait out the answerer's 4 minutes
         thread.join()
     assert answerer.error is None, answerer.error
     return dag_run, state, answerer.asked
