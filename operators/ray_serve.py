@@ -47,7 +47,7 @@ from airflow_ray_ml.serve_gate import answer_error, champion_metric, check_smoke
 from airflow_ray_ml import serve_approval
 from airflow_ray_ml.serve_history import config_uri, previous_config_uri
 from airflow_ray_ml.serve_rollout import (
-    POLL_S, Rollout, challenger_deployment, evidence, live_metrics, verdict, without_rollout,
+    POLL_S, Rollout, challenger_deployment, evidence, live_metrics, now_iso, verdict, without_rollout,
 )
 from airflow_ray_ml.serve_schema import (
     DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES, ModelSchema, schema_change_reason,
@@ -444,7 +444,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
                                  rollout=rollout.user_config(model["model_version"]))
         self.log.info("Starting the %s of %s beside %s (%.0f%% of requests)", rollout.mode, model["model_version"],
                       summary["champion_version"], rollout.traffic_share * 100)
-        stats = None
+        stats, started_at = None, now_iso()
         try:
             self._trial_running = True
             self._put_app(config)
@@ -455,13 +455,14 @@ class RayServeDeployOperator(ServeApplicationOperator):
                            model["model_version"], err)
             self._end_rollout()
             self.record(context, {"action": "rolled_back", "error": str(err), "owner": app_owner(previous_app),
-                                  **summary, "rollout": evidence(rollout, stats, None, str(err))})
+                                  **summary, "rollout": evidence(rollout, stats, None, str(err), started_at, now_iso())})
             error = ServeModelRejectedError if isinstance(err, (ServeModelRejectedError, InvalidSpecError)) \
                 else ServeDeployError
             raise error(f"the {rollout.mode} of {model['model_version']} failed: {err}") from None
+        ended_at = now_iso()
         action, why = verdict(stats, rollout, live, lambda mine, theirs: gate(
             mine, theirs, summary["metric"], self.min_improvement, False))
-        seen = evidence(rollout, stats, live, why)
+        seen = evidence(rollout, stats, live, why, started_at, ended_at)
         self.log.info("%s verdict: %s (%s)", rollout.mode.capitalize(), action, why)
         if action == "promote":
             return seen

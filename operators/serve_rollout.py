@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow_ray_ml.errors import InvalidSpecError
@@ -193,10 +194,18 @@ def live_metrics(stats: dict[str, Any], labels: Any, label_column: str, input_co
 
 
 def evidence(rollout: Rollout, stats: dict[str, Any] | None, live: dict[str, Any] | None,
-             why: str) -> dict[str, Any]:
-    """What a rollout saw, as the serving history and the page keep it (without the kept rows)."""
+             why: str, started_at: str, ended_at: str) -> dict[str, Any]:
+    """What a rollout saw, as the serving history and the page keep it (without the kept rows), and
+    when it ran: from the config that started it to its verdict (UTC, ISO 8601 to the millisecond;
+    a promotion's config is put after ``ended_at``)."""
     seen = {key: value for key, value in (stats or {}).items() if key not in ("rows", "classes")}
-    return {**seen, "mode": rollout.mode, "share": rollout.traffic_share, "live": live, "verdict": why}
+    return {**seen, "mode": rollout.mode, "share": rollout.traffic_share, "live": live, "verdict": why,
+            "started_at": started_at, "ended_at": ended_at}
+
+
+def now_iso() -> str:
+    """This moment in UTC, as a rollout's record keeps it."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def without_rollout(app_config: dict[str, Any]) -> dict[str, Any]:
