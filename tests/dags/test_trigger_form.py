@@ -29,6 +29,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 SECTIONS = ["Data cleaning", "Search", "Training", "Deploy", "Compute", "Demo data"]  # collapsed until opened
 DEFAULT_SECTION = "Run Parameters"  # Airflow's name for the Params without a section; open
 TIMEOUT_MS = 15_000
+PAGE_LOAD_TIMEOUT_MS = 90_000  # a page's first load, and the click that opens the form (its code loads then)
 
 pytestmark = [
     pytest.mark.integration,
@@ -68,8 +69,10 @@ def browser():
 def form(api_server, browser):
     """The trigger form of the wine DAG, open in a new page; the runs it creates are deleted afterwards."""
     page = browser.new_page()
-    page.goto(f"{api_server}/dags/{DAG_ID}")
-    page.get_by_role("button", name="Trigger").first.click()
+    # the UI's scripts loaded and settled before the first click: on a loaded 2-core runner the first
+    # page of the module once took longer than the default timeout, and the click timed out
+    page.goto(f"{api_server}/dags/{DAG_ID}", wait_until="networkidle", timeout=PAGE_LOAD_TIMEOUT_MS)
+    page.get_by_role("button", name="Trigger").first.click(timeout=PAGE_LOAD_TIMEOUT_MS)
     page.get_by_role("button", name=DEFAULT_SECTION).wait_for()
     yield page
     page.close()

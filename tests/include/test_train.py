@@ -161,7 +161,7 @@ def test_local_mode_runs_in_process_without_ray(tmp_path, config):
     code = ("import json, sys; from airflow_ray_ml_stages.specs import TrainSpec; from airflow_ray_ml_stages.train.stage import run_training; "
             "result = run_training(TrainSpec.from_json(sys.argv[1])); "
             "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'imported ray'; "
-            "report(result.to_dict()))")
+            "report(result.to_dict())")
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "include")])
     result = run_python(code, json.dumps(spec), env=env, timeout=120).result
