@@ -176,9 +176,9 @@ def plain(family: str, fields: dict, iterations: int, device: str, threads: int,
          "--result", result_path],
         capture_output=True, text=True, check=False,
     )
-    result = read_result(result_path)
     if output.returncode:
         raise SystemExit(f"plain_train.py --family {family} --device {device} failed:\n{output.stderr[-3000:]}")
+    result = read_result(result_path)
     return {"rmse": result["test_rmse"], "fit_s": result.get("fit_s")}
 
 
