@@ -19,7 +19,11 @@ carries the model's directory, version and test metrics; this DAG scores with ex
   ``<name>.predictions-<model version>`` (never over an earlier output). It also compares the file
   with the model's training data, column by column (population stability index; the report is
   written beside the predictions and is in the XCom); where the file has drifted, it updates the
-  ``wine_quality_model/drift`` Asset, which starts ``wine_quality_pipeline`` to retrain.
+  ``wine_quality_model/drift`` Asset (the record the "Ray ML" page lists).
+* ``retraining`` and ``retrain``: where the file has drifted, the run that trained and promoted the
+  scored model runs again: the same DAG with the same Params (its source, label, task, rollout and
+  approval), which the deploy kept with the model (``airflow_ray_ml.drift_retrain``). Its note says
+  which drift started it. A model whose run was not kept starts nothing; ``retraining`` says so.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Asset, Param, task
 
 from airflow_ray_ml.confine import confine_sources
+from airflow_ray_ml.drift_retrain import DriftRetrainOperator
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_score import RayBatchScoreOperator
 from airflow_ray_ml_stages.specs import SCORE_MISSING_VALUES, SCORE_UNSEEN_CATEGORIES, ScoreSpec
@@ -38,6 +43,7 @@ from airflow_ray_ml_stages.wine import DEMO_APP, DRIFT_ASSET
 # The same name as the pipeline's deploy outlet (dags/wine_quality_pipeline.py): Airflow matches
 # assets by name, so this DAG runs after every promotion.
 WINE_MODEL = Asset("wine_quality_model")
+PIPELINE = "wine_quality_pipeline"  # what trains the models it scores, and retrains them on drift
 
 with DAG(
     dag_id="wine_batch_scoring",
@@ -83,7 +89,8 @@ with DAG(
 
         promoted = [dict(event.extra) for events in (triggering_asset_events or {}).values()
                     for event in events if event.extra and event.extra.get("model_dir")]
-        model = promoted[-1] if promoted else served_model(RayHook(), (params or {})["serve_app"])
+        app = (params or {})["serve_app"]
+        model = promoted[-1] if promoted else {**served_model(RayHook(), app), "app": app}
         preprocessor = Preprocessor.load(artifacts.join(model["model_dir"], "preprocessor.json"))
         return {**model, "input_columns": preprocessor.input_columns}
 
@@ -128,7 +135,31 @@ with DAG(
         unseen_categories="{{ params.unseen_categories }}",
         drift_asset=DRIFT_ASSET,
         doc_md="Score the file with Ray Data; predictions and the drift report are written next to it; a file "
-               "that drifted updates the drift Asset, which starts a retraining run.",
+               "that drifted updates the drift Asset (the `retrain` task then retrains the served model).",
+    )
+
+    @task(doc_md="Where the file drifted: the DAG and Params of the run that trained the scored model, to run "
+                 "again; skipped, with the reason, otherwise.")
+    def retraining(scored: dict, model: dict, run_id=None) -> dict:
+        from airflow_ray_ml.compat import AirflowSkipException
+        from airflow_ray_ml.drift_retrain import retraining_run
+        from airflow_ray_ml.hooks.ray import RayHook
+
+        plan, why = retraining_run(scored, model, RayHook().artifact_root, run_id, PIPELINE)
+        logging.getLogger(__name__).info("%s", why)
+        if plan is None:
+            raise AirflowSkipException(why)
+        return plan
+
+    plan = retraining(score.output, model)
+    DriftRetrainOperator(
+        task_id="retrain",
+        trigger_dag_id=PIPELINE,
+        trigger_run_id=plan["run_id"],
+        conf=plan["conf"],
+        note=plan["note"],
+        skip_when_already_exists=True,  # a retried task: the run it triggered runs already
+        doc_md="Trigger the retraining run `retraining` planned, with its note.",
     )
 
     pick_input(model) >> [new_wines, chosen]

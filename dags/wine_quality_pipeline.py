@@ -29,10 +29,12 @@ follows and records. A retried task re-attaches to its running job (or reuses it
   (the demo's ``wine-quality`` at ``/wine``); a served model that cannot score this run's rows (a
   changed schema) is replaced or kept as ``on_schema_change`` says.
 
-It runs weekly, and whenever ``wine_batch_scoring`` finds that a file it scored has drifted from the
-served model's training data: the ``wine_quality_model/drift`` Asset's event starts a run, whose
-note says why ("Started by drift in alcohol (PSI 0.41), ..."). Such a run, like a weekly one, uses
-the Params' defaults: set ``source`` there to retrain on your own table.
+It runs weekly, with the Params' defaults (set ``source`` there to retrain on your own table), and
+whenever ``wine_batch_scoring`` finds that a file it scored has drifted from the served model's
+training data: then the run that trained the served model runs again, with that run's Params (its
+source, label, task, settings, rollout and approval), and its note says why ("Started by drift in
+alcohol (PSI 0.41), ..."). Drift never retrains on the defaults or on generated data the served
+model was not trained on.
 
 Results travel between tasks as XComArgs (``data=preprocess.output``, ``model=train.output``,
 ``config=tune.output["best_config"]``); Params arrive as templates, which the operators coerce to
@@ -50,7 +52,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from airflow_ray_ml.compat import AssetOrTimeSchedule, CronTriggerTimetable
+from airflow_ray_ml.compat import CronTriggerTimetable
 from airflow_ray_ml.confine import confine_sources
 from airflow_ray_ml.gpu_probe import GPUProbeOperator
 from airflow_ray_ml.ray_data import RayDataPreprocessOperator
@@ -72,7 +74,7 @@ from airflow_ray_ml_stages.specs import (
     TuneSpec,
 )
 from airflow_ray_ml_stages.train.config import FAMILIES
-from airflow_ray_ml_stages.wine import DRIFT_ASSET, LABEL, QUALITY_RANGE, serve_endpoint
+from airflow_ray_ml_stages.wine import LABEL, QUALITY_RANGE, serve_endpoint
 
 DEMO_ROWS = 6497  # the size of the published data set
 DEMO_SEED = 7
@@ -82,9 +84,6 @@ SCHEDULE = os.environ.get("WINE_PIPELINE_SCHEDULE", "@weekly")
 # Updated by `deploy` only when it promotes a model; its event carries the model's URI, version and
 # test metrics. dags/wine_batch_scoring.py is scheduled on it.
 WINE_MODEL = Asset("wine_quality_model")
-# Updated by dags/wine_batch_scoring.py's `score` task when a scored file has drifted from the served
-# model's training data (the drift report in the event's extra): it starts a run of this DAG.
-WINE_DRIFT = Asset(DRIFT_ASSET)
 
 DOCS = "https://github.com/airflow-ray-ml/airflow-ray-ml/blob/main/docs"
 # JSON cannot carry infinity, and the data stage takes a range as two numbers: a bound left empty
@@ -136,8 +135,8 @@ def deploy_endpoint(params: dict) -> dict:
 with DAG(
     dag_id="wine_quality_pipeline",
     description="Probe, preprocess, train and serve a wine-quality model on Ray",
-    schedule=[WINE_DRIFT] if SCHEDULE.lower() == "none" else AssetOrTimeSchedule(
-        timetable=CronTriggerTimetable(SCHEDULE, timezone="UTC"), assets=[WINE_DRIFT]),
+    # drift retrains through wine_batch_scoring's `retrain` task, with the served model's own Params
+    schedule=None if SCHEDULE.lower() == "none" else CronTriggerTimetable(SCHEDULE, timezone="UTC"),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

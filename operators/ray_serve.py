@@ -34,6 +34,7 @@ from airflow_ray_ml.contract import coerce_value, operator_setting
 from airflow_ray_ml.errors import InvalidSpecError, ServeDeployError, ServeModelRejectedError
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.links.ray import SERVE_XCOM_KEY, RayServeDashboardLink, RayServeEndpointLink
+from airflow_ray_ml.plugins.decision_notes import STARTED_BY
 from airflow_ray_ml.ray_score import drift_extras
 from airflow_ray_ml.serve_application import READY_POLL_S, ServeApplicationOperator
 from airflow_ray_ml.serve_apps import (
@@ -45,7 +46,7 @@ from airflow_ray_ml.serve_config import (
 )
 from airflow_ray_ml.serve_gate import answer_error, champion_metric, check_smoke_answer, gate
 from airflow_ray_ml import serve_approval
-from airflow_ray_ml.serve_history import config_uri, previous_config_uri
+from airflow_ray_ml.serve_history import config_uri, previous_config_uri, run_record_uri
 from airflow_ray_ml.serve_rollout import (
     POLL_S, Rollout, challenger_deployment, evidence, live_metrics, now_iso, verdict, without_rollout,
 )
@@ -412,9 +413,14 @@ class RayServeDeployOperator(ServeApplicationOperator):
         return model
 
     def _drift(self, context: Context) -> list[str]:
-        """The drift that started this run: the reasons in the drift events it consumed."""
+        """The drift that started this run: the reasons in the drift events it consumed, or, for a
+        retraining that ``DriftRetrainOperator`` triggered, its note's (the first sentence after "Started by")."""
         events = [event for events in (context.get("triggering_asset_events") or {}).values() for event in events]
-        return [str(extra["reason"]) for extra in drift_extras(getattr(event, "extra", None) for event in events)]
+        reasons = [str(extra["reason"]) for extra in drift_extras(getattr(event, "extra", None) for event in events)]
+        note = getattr(context.get("dag_run"), "note", None) or ""
+        if not reasons and note.startswith(STARTED_BY):
+            reasons = [note[len(STARTED_BY):].split(" · ")[0]]
+        return reasons
 
     def _put_app(self, app: dict[str, Any] | None) -> dict[str, Any]:
         """PUT this application's config ``app`` beside the other live applications and Serve's live
@@ -567,10 +573,19 @@ class RayServeDeployOperator(ServeApplicationOperator):
                 f"was restored: {err}"
             ) from None
         artifacts.write_json_atomic(config_uri(self.serving_dir, model["model_version"]), config)
+        self._keep_run(context, model["model_version"])
         self.record(context, {"action": "promoted", **ownership, **summary})
         self.log.info("Serving %s at %s", model["model_version"], self.endpoint)
         self._publish_assets(context, model)
         return {"action": "promoted", "endpoint": self.endpoint, "model_version": model["model_version"], **summary}
+
+    def _keep_run(self, context: Context, version: str) -> None:
+        """Keep the run that promoted ``version`` with it: its DAG, run id and Params as resolved (a
+        drift-started retraining runs that DAG again with them: the same source, label and settings)."""
+        given = context.get("params") or {}
+        params = {key: given[key] for key in given}  # resolved values (a ParamsDict's items are Params)
+        artifacts.write_json_atomic(run_record_uri(self.serving_dir, version),
+                                    {"dag_id": context["ti"].dag_id, "run_id": context["run_id"], "params": params})
 
     def _publish_assets(self, context: Context, model: dict[str, Any]) -> None:
         """Attach the promoted model (URI, version, test metrics, endpoint) to each outlet Asset's event.

@@ -2,7 +2,8 @@
 
 Under ``<artifact_root>/serving/<app>/``: ``history.json`` (every decision of a deploy or a
 rollback, oldest first), ``configs/<version>.json`` (the whole Serve config each promotion applied,
-what a rollback restores), ``previous_config.json`` (what was live before the latest deploy) and
+what a rollback restores), ``runs/<version>.json`` (the DAG run that trained and promoted the
+version, with its Params: what a drift-started retraining runs again), ``previous_config.json`` (what was live before the latest deploy) and
 ``code/`` (the Ray-side package, on object-store roots). The "Ray ML" page reads the same files.
 """
 
@@ -47,6 +48,18 @@ def append_history(app_serving_dir: str, entry: dict[str, Any]) -> None:
 def config_uri(app_serving_dir: str, version: str) -> str:
     """The whole Serve config that a promotion of ``version`` applied (what a rollback restores)."""
     return artifacts.join(app_serving_dir, "configs", f"{version}.json")
+
+
+def run_record_uri(app_serving_dir: str, version: str) -> str:
+    """The DAG run that promoted ``version``: ``{"dag_id", "run_id", "params"}``, its Params as the run
+    resolved them (defaults and conf), so a retraining can run with the same source, label and settings."""
+    return artifacts.join(app_serving_dir, "runs", f"{version}.json")
+
+
+def read_run_record(app_serving_dir: str, version: str) -> dict[str, Any] | None:
+    """The run that promoted ``version``, or None (promoted before runs were kept, or by hand)."""
+    uri = run_record_uri(app_serving_dir, version)
+    return artifacts.read_json(uri) if artifacts.exists(uri) else None
 
 
 def previous_config_uri(app_serving_dir: str) -> str:

@@ -37,7 +37,7 @@ DEMO_APP = "wine-quality"
 DEMO_ROUTE = "/wine"
 DRIFT_ASSET = "wine_quality_model/drift"
 """The Asset the demo's scoring DAG updates when a file it scored has drifted from the served model's
-training data (dags/wine_batch_scoring.py); the pipeline DAG is scheduled on it."""
+training data (dags/wine_batch_scoring.py): the record of it, which the "Ray ML" page lists."""
 
 
 def serve_endpoint(label: str | None) -> tuple[str, str]:

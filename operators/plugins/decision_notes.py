@@ -14,9 +14,10 @@ SDK has no call for it), so this listener works in two places:
   and ``RayServeRollbackOperator`` with the serving history's entry) and every ``failure`` XCom of
   a task that ended failed into the note of that task and, joined, into the run's note;
 - in the scheduler, when a run that drift started begins (an event a ``RayBatchScoreOperator``
-  emitted on its ``drift_asset``), it writes why as the run's note: "Started by drift in alcohol
-  (PSI 0.41), density (0.28) in <the scored file> (model <version>)". The run's decisions and
-  failures are added to that note when it finishes.
+  emitted on its ``drift_asset``, for a DAG scheduled on it), it writes why as the run's note:
+  "Started by drift in alcohol (PSI 0.41), density (0.28) in <the scored file> (model <version>)".
+  A retraining that ``DriftRetrainOperator`` triggers comes with such a note. The run's decisions
+  and failures are added to a note that begins so when it finishes.
 
 A note a person already wrote is never replaced.
 """
@@ -239,7 +240,7 @@ def note_run(dag_run: Any, session: Any) -> list[str]:
     texts = note_decisions(dag_run, session) + note_failures(dag_run, session)
     if texts and not dag_run.note:
         dag_run.note = " · ".join(texts)[:MAX_NOTE_CHARS]
-    elif texts and dag_run.note == _started_by(dag_run):  # our own note of why it started: carry on
+    elif texts and dag_run.note.startswith(STARTED_BY):  # our own note of why it started: carry on
         dag_run.note = " · ".join([dag_run.note, *texts])[:MAX_NOTE_CHARS]
     return texts
 

@@ -68,14 +68,6 @@ def write_shifted_wines(path: Path, rows: int = 600, seed: int = 2027) -> str:
 SHIFTED_COLUMNS = ("alcohol", "density", "type")
 
 
-def _set_paused(dag_id: str, paused: bool) -> None:
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        session.query(DagModel).filter(DagModel.dag_id == dag_id).update({DagModel.is_paused: paused})
-
-
 def _run_here(dag_id: str, when: datetime, conf: dict) -> SimpleNamespace:
     """One run of a DAG of ``dags/`` through ``dag.test()`` in the test's own process, described as
     ``run_dag_in_child`` describes its runs."""
@@ -93,7 +85,8 @@ def wine_regression(airflow_db, ray_conn, artifact_root, tmp_path_factory):
        tasks deferred, then ``wine_batch_scoring`` on the model it promoted; both with lineage on.
     2. The champion's answers over HTTP: a prediction and its ``/metadata``.
     3. ``wine_batch_scoring`` again, on a file of shifted wines (``write_shifted_wines``) under the
-       allowed sources: its drift event queues a run of the pipeline, which test_drift.py starts.
+       allowed sources: it finds drift, and its ``retrain`` task triggers the pipeline run that
+       promoted the model again, with that run's Params (test_drift.py reads the triggered run).
 
     The gate against a served champion is the S3 test's second pipeline run (it scores the champion
     live on other data) and, for a challenger kept out, test_ray_serve.py's serve flow.
@@ -115,14 +108,10 @@ def wine_regression(airflow_db, ray_conn, artifact_root, tmp_path_factory):
             "wine_batch_scoring", datetime(2026, 4, 3, tzinfo=timezone.utc), {"new_rows": 400},
             {**env, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "False"}, RUN_TIMEOUT_S)
         shifted = write_shifted_wines(Path(artifact_root) / "data" / "drift" / "shifted-wines.csv")
-        # Airflow queues a run for an asset event only in DAGs that are not paused (`make run` unpauses
-        # the pipeline); paused again after it, the queued run waits for test_drift.py's scheduler.
-        _set_paused("wine_quality_pipeline", False)
         # in this process, without lineage (test_lineage.py reads the first scoring's events) and
         # not deferred, as the suite runs: no child's imports and parse to pay for
         drifted = _run_here("wine_batch_scoring", datetime(2026, 4, 4, tzinfo=timezone.utc), {"input": shifted})
     finally:
-        _set_paused("wine_quality_pipeline", True)
         _delete_serve_applications({WINE_APP})
     return SimpleNamespace(pipeline=pipeline, scoring=scoring, drifted=drifted, shifted=shifted,
                            lineage=_complete_events(events_file), endpoint=endpoint, answer=answer, card=card)

@@ -34,18 +34,22 @@ def test_scoring_dag_is_scheduled_on_the_model_asset_the_pipeline_updates():
     assert [asset.name for asset in assets] == [outlet.name for outlet in deploy.outlets]
 
 
-def test_the_pipeline_retrains_weekly_or_when_the_scoring_finds_drift(monkeypatch):
+def test_the_pipeline_runs_weekly_and_the_scoring_retrains_it_on_drift(monkeypatch):
     bag = _bag()
-    pipeline, score = bag.dags["wine_quality_pipeline"], bag.dags["wine_batch_scoring"].task_dict["score"]
-    assert [asset.name for asset in pipeline.timetable.asset_condition.objects] == [score.drift_asset.name]
-    weekly = pipeline.timetable.timetable  # the task SDK's timetable names it expression, Airflow 3.1's _expression
+    pipeline, scoring = bag.dags["wine_quality_pipeline"], bag.dags["wine_batch_scoring"]
+    score = scoring.task_dict["score"]
+    weekly = pipeline.timetable  # the task SDK's timetable names it expression, Airflow 3.1's _expression
     assert getattr(weekly, "expression", getattr(weekly, "_expression", None)) == "0 0 * * 0"
+    assert getattr(weekly, "asset_condition", None) is None  # drift retrains through the scoring's task only
     # the drift event goes out through an alias, the task's only outlet: a stable file emits no event
     assert [outlet.name for outlet in score.outlets] == [f"airflow-ray-ml-drift:{score.drift_asset.name}"]
+    # after the scoring, the served model's own run is planned and triggered again: the pipeline's
+    retrain = scoring.task_dict["retrain"]
+    assert retrain.trigger_dag_id == "wine_quality_pipeline"
+    assert scoring.task_dict["retraining"].downstream_task_ids == {"retrain"}
+    assert "score" in scoring.task_dict["retraining"].upstream_task_ids
     monkeypatch.setenv("WINE_PIPELINE_SCHEDULE", "none")  # as `make run` parses it: no weekly run
-    unscheduled = _bag().dags["wine_quality_pipeline"]
-    assert [asset.name for asset in unscheduled.timetable.asset_condition.objects] == [score.drift_asset.name]
-    assert not hasattr(unscheduled.timetable, "timetable")  # the Asset alone
+    assert _bag().dags["wine_quality_pipeline"].schedule is None
 
 
 def test_a_search_space_of_the_wrong_shape_is_refused_when_the_run_is_triggered():

@@ -1,28 +1,27 @@
 """Drift on the wine DAGs: batch scoring reports it per column, a drifted file updates the drift
-Asset, and the pipeline that Asset schedules starts a retraining run whose note says why.
+Asset, and the scoring run retrains the served model's own run, with its Params, its note saying why.
 
-The runs are ``wine_regression``'s (tests/dags/conftest.py): the scoring of new wines drawn as the
-training wines were, and the scoring of shifted wines (``write_shifted_wines``). The retraining
-run is started by Airflow's real scheduler from the drift event those runs left in the test DB.
+The runs are ``wine_regression``'s (tests/dags/conftest.py): the pipeline run that promoted the
+model (which kept its run with it), the scoring of new wines drawn as the training wines were, and
+the scoring of shifted wines (``write_shifted_wines``), whose ``retrain`` task triggered the run.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from airflow_ray_ml.drift_retrain import RUN_ID_PREFIX
+from airflow_ray_ml.serve_history import read_run_record, serving_dir
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.wine import DRIFT_ASSET
 from tests.conftest import ROOT, load_dag
 from tests.dags.conftest import SHIFTED_COLUMNS
-from tests.dags.wine_runs import asset_events
+from tests.dags.wine_runs import SMALL, WINE_APP, asset_events
 from tests.operators.test_ray_job import _xcom
-from tests.scheduler import running_scheduler
 
 PIPELINE = "wine_quality_pipeline"
 
@@ -59,74 +58,72 @@ def test_shifted_wines_drift_on_exactly_the_moved_columns_and_update_the_drift_a
     assert event["model_version"] == scored["model_version"] and event["drift"]["drifted"] == drift["drifted"]
 
 
-def _drift_runs() -> list:
+def _retraining_runs() -> list:
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
-    from airflow.utils.types import DagRunType
 
     with create_session() as session:
-        runs = session.query(DagRun).filter(DagRun.dag_id == PIPELINE,
-                                            DagRun.run_type == DagRunType.ASSET_TRIGGERED).all()
-        return [(run.run_id, run.note, [dict(event.extra or {}) for event in run.consumed_asset_events])
+        runs = session.query(DagRun).filter(DagRun.dag_id == PIPELINE, DagRun.run_id.like(f"{RUN_ID_PREFIX}%")).all()
+        return [SimpleNamespace(run_id=run.run_id, note=run.note, conf=dict(run.conf or {}), run_type=run.run_type)
                 for run in runs]
 
 
-def _set_default_pool_slots(slots: int) -> int:
-    """Give Airflow's default pool ``slots``; return what it had. With none, the scheduler starts a run
-    but queues none of its tasks: no task process loads the 2-CPU machine that other tests share."""
-    from airflow.models.pool import Pool
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        pool = session.query(Pool).filter(Pool.pool == Pool.DEFAULT_POOL_NAME).one()
-        before, pool.slots = pool.slots, slots
-        return before
-
-
-def _end(run_ids: list[str]) -> None:
-    """Mark the runs the scheduler started, and their tasks, failed: nothing of them is left to run."""
-    from airflow.models.dagrun import DagRun
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-    from airflow.utils.state import DagRunState, TaskInstanceState
-
-    with create_session() as session:
-        session.query(TaskInstance).filter(TaskInstance.dag_id == PIPELINE, TaskInstance.run_id.in_(run_ids)).update(
-            {TaskInstance.state: TaskInstanceState.FAILED}, synchronize_session=False)
-        session.query(DagRun).filter(DagRun.dag_id == PIPELINE, DagRun.run_id.in_(run_ids)).update(
-            {DagRun.state: DagRunState.FAILED}, synchronize_session=False)
+@pytest.mark.integration
+def test_a_promotion_keeps_the_run_that_trained_the_model_with_its_params(wine_regression, artifact_root):
+    pipeline = load_dag(PIPELINE, ROOT / "dags")
+    version = _xcom(wine_regression.pipeline, "train")["model_version"]
+    record = read_run_record(serving_dir(artifact_root, WINE_APP), version)
+    assert record["dag_id"] == PIPELINE and record["run_id"] == wine_regression.pipeline.run_id
+    # every Param as that run resolved it: its conf where given, the DAG's defaults elsewhere
+    assert set(record["params"]) == set(pipeline.params)
+    conf = {**SMALL, "require_gpu": False}
+    assert {key: record["params"][key] for key in conf} == conf
+    assert record["params"]["label_column"] == pipeline.params["label_column"]
 
 
 @pytest.mark.integration
-def test_the_drift_event_starts_a_retraining_run_whose_note_names_the_drifted_columns(
-        wine_regression, tmp_path, monkeypatch):
+def test_the_drifted_file_retrains_the_served_models_own_run_with_its_params_and_a_note_naming_the_drift(
+        wine_regression, artifact_root):
     drift = _xcom(wine_regression.drifted, "score")["drift"]
-    # The pipeline as `make run` schedules it (WINE_PIPELINE_SCHEDULE=none): on the drift Asset alone,
-    # so the scheduler starts the run the drift event queued and no weekly one beside it.
-    monkeypatch.setenv("WINE_PIPELINE_SCHEDULE", "none")
-    assert [asset.name for asset in load_dag(PIPELINE, ROOT / "dags").timetable.asset_condition.objects] == [
-        DRIFT_ASSET]
-    subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
-                   check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
-    started: list = []
-    default_slots = _set_default_pool_slots(0)  # the run starts; none of its tasks is sent to run
-    try:
-        # the test needs only the run it starts: no task runs, and none could (no API server runs)
-        with running_scheduler(tmp_path / "scheduler.log", PIPELINE, "http://127.0.0.1:9"):
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and not any(note for _, note, _ in started):
-                time.sleep(1)
-                started = _drift_runs()
-        assert started, (tmp_path / "scheduler.log").read_text()[-3000:]
-        (run_id, note, events), = started
-        assert [event.get("run_id") for event in events] == [wine_regression.drifted.run_id]
-        assert note == (f"Started by {drift['reason']} in {wine_regression.shifted} "
-                        f"(model {_xcom(wine_regression.drifted, 'score')['model_version']})"), note
-        assert all(column in note for column in SHIFTED_COLUMNS)
-        assert json.dumps(events[0]["drift"]["drifted"]) == json.dumps(drift["drifted"])
-    finally:
-        _set_default_pool_slots(default_slots)
-        _end([run_id for run_id, _, _ in started])
-        monkeypatch.delenv("WINE_PIPELINE_SCHEDULE")
-        subprocess.run([sys.executable, "-m", "airflow", "dags", "reserialize", "--bundle-name", "dags-folder"],
-                       check=True, stdout=subprocess.DEVNULL, env=os.environ.copy())
+    version = _xcom(wine_regression.drifted, "score")["model_version"]
+    record = read_run_record(serving_dir(artifact_root, WINE_APP), version)
+    # the stable scoring retrained nothing: its planning task was skipped
+    assert wine_regression.scoring.states.get("retraining") == "skipped", wine_regression.scoring.states
+    assert wine_regression.drifted.states["retrain"] == "success", wine_regression.drifted.states
+    runs = [run for run in _retraining_runs() if run.run_id == f"{RUN_ID_PREFIX}{wine_regression.drifted.run_id}"]
+    assert len(runs) == 1, _retraining_runs()
+    (run,) = runs
+    # the served model's own run again: its Params exactly (source, label, settings, rollout, approval)
+    assert run.conf == record["params"]
+    assert run.note == (f"Started by {drift['reason']} in {wine_regression.shifted} (model {version}), with the "
+                        f"source and settings of {PIPELINE} run {wine_regression.pipeline.run_id}, which trained it")
+    assert all(column in run.note for column in SHIFTED_COLUMNS)
+    # the pipeline is no longer scheduled on the drift Asset: nothing but this run retrains
+    assert getattr(load_dag(PIPELINE, ROOT / "dags").timetable, "asset_condition", None) is None
+
+
+@pytest.mark.integration
+def test_a_retraining_of_a_teams_table_reads_its_source_and_label_and_asks_for_approval_again(
+        wine_regression, artifact_root, tmp_path):
+    """What the retraining run does with a kept run's Params where the served model was trained on a
+    team's own file, label and approval: the pipeline's data tasks read that file (no demo data is
+    generated) and its deploy would ask for approval. The Params are the drift run's, with the
+    team's source, label and approval in place of the demo's."""
+    from airflow_ray_ml_stages import wine
+
+    (run,) = [run for run in _retraining_runs() if run.run_id == f"{RUN_ID_PREFIX}{wine_regression.drifted.run_id}"]
+    table = Path(artifact_root) / "data" / "team" / "wines.csv"
+    table.parent.mkdir(parents=True, exist_ok=True)
+    frame = wine.generate(300, seed=5).rename(columns={"quality": "grade"})
+    frame.to_csv(table, index=False)
+    conf = {**run.conf, "source": [str(table)], "label_column": "grade", "approval": True}
+    pipeline = load_dag(PIPELINE, ROOT / "dags")
+    subset = pipeline.partial_subset(task_ids=["pick_data", "demo_data", "data_files"], include_upstream=False)
+    when = datetime(2026, 4, 9, tzinfo=timezone.utc)
+    dag_run = subset.test(logical_date=when, run_after=when, run_conf=conf)
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert states == {"pick_data": "success", "demo_data": "skipped", "data_files": "success"}, states
+    assert _xcom(dag_run, "data_files") == [str(table)]
+    rendered = {task.task_id: task for task in pipeline.tasks}
+    assert rendered["deploy"].approval == "{{ params.approval }}" and dag_run.conf["approval"] is True
+    assert rendered["preprocess"].label_column == "{{ params.label_column }}" and dag_run.conf["label_column"] == "grade"

@@ -1,0 +1,58 @@
+"""Retraining that drift starts: the DAG run that promoted the served model, run again with its Params.
+
+A model trained on a team's own table, label and settings must be retrained on that table, with
+those settings (its rollout and approval included), not on a DAG's defaults. The deploy keeps the
+run that promoted each version with it (``serve_history.run_record_uri``: its DAG, run id and
+resolved Params); when batch scoring finds that a file drifted from that model's training data,
+:func:`retraining_run` names that DAG and those Params, and :class:`DriftRetrainOperator` triggers
+the run, its note saying why. A model whose run was not kept (promoted by hand, or before runs
+were kept) starts nothing: the task is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+
+from airflow_ray_ml.plugins.decision_notes import MAX_NOTE_CHARS, STARTED_BY
+from airflow_ray_ml.serve_history import read_run_record, serving_dir
+
+# A run that drift started is named after the scoring run that found the drift (one per scoring run).
+RUN_ID_PREFIX = "drift__"
+
+
+def retraining_run(manifest: dict[str, Any], model: dict[str, Any], artifact_root: str | None,
+                   scoring_run_id: str, dag_id: str) -> tuple[dict[str, Any] | None, str]:
+    """What to run for a scoring ``manifest`` (the score task's XCom) of the served ``model`` (its
+    ``app`` and ``model_version``): ``({"conf", "run_id", "note"}, why)`` for a run of ``dag_id``,
+    or ``(None, why not)`` when the file did not drift, the model's run was not kept, or another
+    DAG trained it."""
+    drift = manifest.get("drift") or {}
+    version = manifest.get("model_version") or model.get("model_version")
+    if drift.get("verdict") != "drift":
+        return None, f"no retraining: the scored file has not drifted (verdict {drift.get('verdict')!r})"
+    app = model.get("app")
+    record = read_run_record(serving_dir(artifact_root, app), version) if app else None
+    if not record:
+        return None, (f"no retraining: the run that promoted model {version} was not kept with it (promoted by "
+                      f"hand, or before runs were kept); trigger the DAG that trains {app or 'it'} with its "
+                      "source and settings to retrain it")
+    if record["dag_id"] != dag_id:
+        return None, (f"no retraining: model {version} was trained by DAG {record['dag_id']!r}, and this task "
+                      f"retrains {dag_id!r}; retrain it from a DriftRetrainOperator whose trigger_dag_id is "
+                      f"{record['dag_id']!r}")
+    note = (f"{STARTED_BY}{drift.get('reason')} in {manifest.get('input_uri')} (model {version}), with the "
+            f"source and settings of {record['dag_id']} run {record['run_id']}, which trained it")
+    return ({"conf": dict(record.get("params") or {}),
+             "run_id": f"{RUN_ID_PREFIX}{scoring_run_id}", "note": note[:MAX_NOTE_CHARS]},
+            f"retraining {record['dag_id']} with the Params of run {record['run_id']}")
+
+
+class DriftRetrainOperator(TriggerDagRunOperator):
+    """Trigger the retraining :func:`retraining_run` planned: Airflow's ``TriggerDagRunOperator``
+    with its ``note`` templated too, so the plan's XComArgs fill it, ``conf`` and the run id. The DAG
+    it triggers is named when the DAG is written (``trigger_dag_id``: Airflow draws the dependency
+    between the two DAGs from it), and a model another DAG trained is not retrained by it."""
+
+    template_fields: Sequence[str] = (*TriggerDagRunOperator.template_fields, "note")
