@@ -40,6 +40,7 @@ from airflow.plugins_manager import AirflowPlugin
 
 from airflow_ray_ml.links.ray import PAGE_URL_PREFIX
 from airflow_ray_ml.plugins import decision_notes
+from airflow_ray_ml.plugins.known_params import RefuseUnknownConf
 from airflow_ray_ml.plugins.ray_ml_runs import (
     LEADERBOARD_KEY,
     DriftRun,
@@ -546,3 +547,5 @@ class RayMLPlugin(AirflowPlugin):
     external_views = [{"name": "Ray ML", "href": "ray-ml/", "url_route": "ray-ml", "destination": "nav"}]
     # Loaded wherever Airflow loads plugins; the scheduler (and dag.test()) call it as runs finish.
     listeners = [decision_notes]
+    # The api-server refuses a trigger's conf keys that are not Params of the DAG (known_params).
+    fastapi_root_middlewares = [{"middleware": RefuseUnknownConf, "name": "ray_ml: refuse unknown conf keys"}]

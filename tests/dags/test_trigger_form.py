@@ -225,3 +225,22 @@ def test_trigger_form_bad_route_is_refused_with_a_message_and_no_run(form, api_s
     message.wait_for()
     assert "does not match" in message.inner_text()
     assert _runs(api_server) == []
+
+
+def test_trigger_form_conf_with_a_key_that_is_no_param_is_refused_with_a_message_and_no_run(form, api_server):
+    """A person who types a key of their own into the form's configuration JSON gets the api-server's
+    refusal in the form (airflow_ray_ml.plugins.known_params), naming the key, and no run."""
+    form.get_by_role("button", name="Advanced Options").click()
+    dialog = form.get_by_role("dialog")
+    config = dialog.get_by_role("group").filter(has=form.get_by_text("Configuration JSON", exact=True))
+    config.get_by_role("textbox", name="Editor content").focus()  # the JSON editor (Monaco)
+    # pasted, as a person would paste a conf: typed, the editor would close each quote and brace itself
+    form.evaluate("text => navigator.clipboard.writeText(text)", json.dumps({"batch_size": 0, "num_trials": 2}))
+    form.keyboard.press("ControlOrMeta+a")
+    form.keyboard.press("ControlOrMeta+v")
+    dialog.get_by_text("Configuration JSON", exact=True).click()  # out of the editor: the form takes its text
+    _trigger_button(form).click()
+    message = form.get_by_text("are not Params of DAG")
+    message.wait_for()
+    assert "['batch_size']" in message.inner_text()
+    assert _runs(api_server) == []
