@@ -363,6 +363,11 @@ def report_scoring(client: AirflowClient, after: str, timeout_s: float) -> None:
                          if drift.get("verdict") else ""))
             else:
                 print(f"{SCORING_DAG_ID} run {run['dag_run_id']}: {run['state']} (see its task logs in the UI)")
+            retraining = _xcom(client, run["dag_run_id"], "retrain", key="trigger_run_id", dag_id=SCORING_DAG_ID)
+            if retraining:  # it may replace the served model later: say so now
+                print(f"the drift started a retraining: {DAG_ID} run {retraining}, with the Params of the run that "
+                      "trained the served model; it goes on in Airflow and promotes only if it beats the served "
+                      "model (its note says why it started; `make stop` leaves it to the next `make run`)")
             return
         time.sleep(3)
     print(f"{SCORING_DAG_ID} did not finish within {timeout_s:.0f} s; it goes on in Airflow")
