@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 from scripts import localcluster  # noqa: E402
+from airflow_ray_ml_stages.constants import TUNE_PROGRESS_MARKER  # noqa: E402
 
 RUN_DIR = ROOT / ".run"
 AIRFLOW_HOME = ROOT / ".airflow"
@@ -269,6 +270,7 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
     print(f"triggered {DAG_ID} run {run_id}")
     deadline = time.monotonic() + timeout_s
     seen: dict[str, str] = {}
+    progress = Progress()
     while True:
         run = client.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")
         tis = client.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
@@ -279,6 +281,8 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
                 if ti["state"] == "awaiting_input" or (ti["state"] == "deferred" and conf.get("approval")):
                     print(f"    waiting for a person's answer: Approve or Reject it under Required Actions, "
                           f"{AIRFLOW_URL}/required_actions")
+            if ti["task_id"] == "tune" and ti["state"] in ("running", "deferred"):
+                progress.report(client, run_id, ti)
         if run["state"] in ("success", "failed"):
             break
         if time.monotonic() > deadline:
@@ -299,6 +303,38 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
     print(f"Ray dashboard: http://127.0.0.1:{RAY_DASHBOARD_PORT}  (token in {TOKEN_FILE})")
     print("The stack keeps running; `make stop` stops it.")
     return 0 if run["state"] == "success" else 1
+
+
+def last_progress(records: list) -> str | None:
+    """The last line of a search's progress (``TUNE_PROGRESS_MARKER``) among a task log's records."""
+    found = None
+    for record in records:
+        event = record.get("event") if isinstance(record, dict) else record
+        if isinstance(event, str) and TUNE_PROGRESS_MARKER in event:
+            found = event[event.index(TUNE_PROGRESS_MARKER):].strip()
+    return found
+
+
+class Progress:
+    """Repeats a running search's progress line from its task log, at most every ``EVERY_S``."""
+
+    EVERY_S = 30.0
+
+    def __init__(self) -> None:
+        self.looked, self.said = 0.0, None
+
+    def report(self, client: AirflowClient, run_id: str, ti: dict) -> None:
+        if time.monotonic() - self.looked < self.EVERY_S:
+            return
+        self.looked = time.monotonic()
+        path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{ti.get('try_number') or 1}"
+        response = client.session.get(f"{AIRFLOW_URL}/api/v2{path}", params={"full_content": "true"},
+                                      headers={"Accept": "application/json"}, timeout=30)
+        content = response.json().get("content") if response.ok else None
+        line = last_progress(content if isinstance(content, list) else [])
+        if line and line != self.said:
+            self.said = line
+            print(f"    {line}")
 
 
 def task_error(records: list) -> str | None:

@@ -12,6 +12,10 @@ WAITING_NAME = "waiting.json"
 resources: ``{"state": "pending" or "running", "what", "reason", "since"}``. The Ray ML page shows a
 running job whose file says ``pending`` as pending, with the reason."""
 
+TUNE_PROGRESS_MARKER = "tune progress: "
+"""Prefix of the line a search logs about every ``TrialClock.PROGRESS_EVERY_S`` (trials ended,
+running and waiting, the best metric so far): in the task log, and what `make run` repeats."""
+
 STATUS_SUCCEEDED = "succeeded"
 STATUS_FAILED = "failed"
 

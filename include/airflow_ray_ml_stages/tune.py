@@ -43,7 +43,7 @@ from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.capacity import (
     TRIALS_PER_GPU, Capacity, TrialPlan, describe, fixes, live_capacity, plan_trials, trial_threads, waiting_reason,
 )
-from airflow_ray_ml_stages.constants import JOB_ENV_VARS, WAITING_NAME
+from airflow_ray_ml_stages.constants import JOB_ENV_VARS, TUNE_PROGRESS_MARKER, WAITING_NAME
 from airflow_ray_ml_stages.device import choose_device
 from airflow_ray_ml_stages.ensemble import (HOLDOUT_REPEATS, HOLDOUT_TOLERANCE, LIBRARY_FACTOR, assemble,
                                             describe_members, ensemble_card, holdout_ratio, library, select_ensemble)
@@ -365,6 +365,7 @@ class TrialClock:
     and in ``waiting.json`` beside the manifest (the Ray ML page shows it).
     """
 
+    PROGRESS_EVERY_S = 30.0  # how often a running search says how far it is (progress_line)
     FIRST_LOOK_S = 10.0  # a trial starts within seconds on a free cluster: look for a reason after this
     LOOK_EVERY_S = 10.0
     LOOK_PAST_WAIT_S = 1.0  # past resource_wait_s, a look at once and then each second (a granted trial is starting)
@@ -378,9 +379,15 @@ class TrialClock:
         self.gave_up = False
         self.reason = ""
         self._spec, self._plan, self._looked, self._pending = spec, plan, 0.0, False
+        self._said = time.monotonic()
         clock = self
 
         class _Callback(Callback):
+            def on_step_end(self, iteration, trials, **info):
+                if time.monotonic() - clock._said >= clock.PROGRESS_EVERY_S:
+                    clock._said = time.monotonic()
+                    log.info("%s", progress_line(trials, spec.num_samples, spec.metric, spec.mode))
+
             def on_trial_start(self, iteration, trials, trial, **info):
                 clock.started.setdefault(trial.trial_id, time.time())
                 clock._write_waiting("running")
@@ -431,6 +438,23 @@ class TrialClock:
     def most_at_once(self) -> int:
         """The largest number of trials that ran at the same time."""
         return most_at_once([(start, self.ended.get(trial_id)) for trial_id, start in self.started.items()])
+
+
+def progress_line(trials: list, total: int, metric: str, mode: str) -> str:
+    """How far a search is, from Tune's trials (``status``, ``last_result``): one line beginning with
+    ``TUNE_PROGRESS_MARKER``, e.g. ``tune progress: 5 of 12 trials ended (1 failed), 2 running, 5 to
+    come; best val_rmse so far 0.7123 (trial 3b0f_00002)``."""
+    ended = [trial for trial in trials if trial.status in ("TERMINATED", "ERROR")]
+    failed = sum(trial.status == "ERROR" for trial in trials)
+    running = sum(trial.status == "RUNNING" for trial in trials)
+    scored = [(trial.last_result.get(metric), trial.trial_id) for trial in trials
+              if isinstance((trial.last_result or {}).get(metric), (int, float))]
+    line = (f"{TUNE_PROGRESS_MARKER}{len(ended)} of {total} trials ended" + (f" ({failed} failed)" if failed else "")
+            + f", {running} running, {max(total - len(ended) - running, 0)} to come")
+    if scored:
+        value, trial_id = (min if mode == "min" else max)(scored)
+        line += f"; best {metric} so far {value:.4g} (trial {trial_id})"
+    return line
 
 
 def most_at_once(spans: list[tuple[float, float | None]]) -> int:

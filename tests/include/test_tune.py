@@ -348,3 +348,24 @@ def test_describe_members_names_each_trial_once_with_its_folds_weights_summed():
     folds = [{"trial_id": "a1", "family": "xgboost", "weight": 0.15, "fold": fold} for fold in range(5)]
     members = [*folds, {"trial_id": "b2", "family": "linear", "weight": 0.25}, {"family": "linear", "weight": 0.0}]
     assert describe_members(members) == "a1 (xgboost, 5 folds) x 0.75, b2 (linear) x 0.25, member 6 (linear) x 0.00"
+
+
+def test_progress_line_counts_ended_failed_running_and_to_come_and_names_the_best_so_far():
+    from types import SimpleNamespace
+
+    from airflow_ray_ml_stages.constants import TUNE_PROGRESS_MARKER
+    from airflow_ray_ml_stages.tune import progress_line
+
+    def trial(trial_id, status, value=None):  # what the line reads of Tune's Trial
+        return SimpleNamespace(trial_id=trial_id, status=status,
+                               last_result={} if value is None else {"val_rmse": value, "training_iteration": 3})
+
+    trials = [trial("a_00000", "TERMINATED", 0.81), trial("a_00001", "ERROR"), trial("a_00002", "RUNNING", 0.74),
+              trial("a_00003", "RUNNING"), trial("a_00004", "PENDING")]
+    line = progress_line(trials, 12, "val_rmse", "min")
+    assert line == (f"{TUNE_PROGRESS_MARKER}2 of 12 trials ended (1 failed), 2 running, 8 to come; "
+                    "best val_rmse so far 0.74 (trial a_00002)")
+    # accuracy-like metrics: the largest is the best; before any result there is no best
+    assert progress_line(trials, 5, "val_rmse", "max").endswith("best val_rmse so far 0.81 (trial a_00000)")
+    assert progress_line([trial("b", "PENDING")], 1, "val_rmse", "min") == \
+        f"{TUNE_PROGRESS_MARKER}0 of 1 trials ended, 0 running, 1 to come"

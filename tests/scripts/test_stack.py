@@ -25,6 +25,21 @@ _SPEC.loader.exec_module(stack)
 RENT_FEATURES = {"sqm", "rooms", "year_built", "district"}
 
 
+def test_make_run_repeats_the_last_progress_line_of_the_tune_log():
+    from airflow_ray_ml_stages.constants import TUNE_PROGRESS_MARKER
+
+    # records as Airflow's log endpoint returns them: the job's lines are streamed in with their prefix
+    records = [{"event": "[ray] tuning: 12 sample(s), searcher adaptive", "level": "info"},
+               {"event": f"[ray] 2026-12-07 INFO tune.py:390 -- {TUNE_PROGRESS_MARKER}3 of 12 trials ended, "
+                         "2 running, 7 to come", "level": "info"},
+               "a plain line",
+               {"event": f"[ray] {TUNE_PROGRESS_MARKER}5 of 12 trials ended, 2 running, 5 to come; best val_rmse "
+                         "so far 0.7 (trial t_1)"}]
+    assert stack.last_progress(records) == (f"{TUNE_PROGRESS_MARKER}5 of 12 trials ended, 2 running, 5 to come; "
+                                            "best val_rmse so far 0.7 (trial t_1)")
+    assert stack.last_progress(records[:1]) is None
+
+
 def write_rent_table(path, rows: int = 1500, seed: int = 5) -> str:
     """Apartment rents: another label, a categorical feature, values far outside the wine grades."""
     rng = np.random.default_rng(seed)
