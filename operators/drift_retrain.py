@@ -42,8 +42,9 @@ def retraining_run(manifest: dict[str, Any], model: dict[str, Any], artifact_roo
         return None, (f"no retraining: model {version} was trained by DAG {record['dag_id']!r}, and this task "
                       f"retrains {dag_id!r}; retrain it from a DriftRetrainOperator whose trigger_dag_id is "
                       f"{record['dag_id']!r}")
-    note = (f"{STARTED_BY}{drift.get('reason')} in {manifest.get('input_uri')} (model {version}), with the "
-            f"source and settings of {record['dag_id']} run {record['run_id']}, which trained it")
+    note = (f"{STARTED_BY}{drift.get('reason')} in {manifest.get('input_uri')} (model {version}; scoring run "
+            f"{scoring_run_id}), with the source and settings of {record['dag_id']} run {record['run_id']}, "
+            "which trained it")
     return ({"conf": dict(record.get("params") or {}),
              "run_id": f"{RUN_ID_PREFIX}{scoring_run_id}", "note": note[:MAX_NOTE_CHARS]},
             f"retraining {record['dag_id']} with the Params of run {record['run_id']}")

@@ -13,6 +13,8 @@ SDK has no call for it), so this listener works in two places:
   ``dag.test()``), it turns every ``decision`` XCom of the run (pushed by ``RayServeDeployOperator``
   and ``RayServeRollbackOperator`` with the serving history's entry) and every ``failure`` XCom of
   a task that ended failed into the note of that task and, joined, into the run's note;
+- when a scoring run finishes, each score task's drift verdict becomes its note and the run's
+  ("Drift: drift in alcohol (PSI 0.41); retraining run drift__… started", or "No drift (stable): …");
 - in the scheduler, when a run that drift started begins (an event a ``RayBatchScoreOperator``
   emitted on its ``drift_asset``, for a DAG scheduled on it), it writes why as the run's note:
   "Started by drift in alcohol (PSI 0.41), density (0.28) in <the scored file> (model <version>)".
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 MAX_NOTE_CHARS = 1000  # Airflow's note column holds 1000
 FAILURE_XCOM_KEY = "failure"
 STARTED_BY = "Started by "  # how the note of a run that drift started begins
+TRIGGER_RUN_ID_XCOM_KEY = "trigger_run_id"  # where Airflow's TriggerDagRunOperator keeps the run it triggered
 # A note quotes this much of an error's first line and of its fix: enough to act on, never a dump
 # of the data a message may quote.
 MAX_ERROR_CHARS = 400
@@ -216,6 +219,39 @@ def note_decisions(dag_run: Any, session: Any) -> list[str]:
     return texts
 
 
+def drift_text(report: dict[str, Any], retraining_run_id: str | None) -> str:
+    """One sentence of a scoring task's drift report, and the retraining run it started, if any."""
+    verdict = report.get("verdict")
+    if verdict == "drift":
+        text = f"Drift: {report.get('reason')}"
+        text += (f"; retraining run {retraining_run_id} started" if retraining_run_id
+                 else "; no retraining started")
+    else:
+        text = f"No drift ({verdict}): {report.get('reason') or 'no column drifted'}"
+    return text[:MAX_NOTE_CHARS]
+
+
+def note_drift(dag_run: Any, session: Any) -> list[str]:
+    """Write each scoring task's drift verdict as its note (in ``session``), naming the retraining run
+    the run triggered (a ``DriftRetrainOperator``'s ``trigger_run_id``); return the texts."""
+    from airflow_ray_ml.plugins.ray_ml_runs import DRIFT_XCOM_KEY
+
+    reports = _xcoms(session, dag_run, DRIFT_XCOM_KEY)
+    if not reports:
+        return []
+    triggered = [run_id for _, _, run_id in _xcoms(session, dag_run, TRIGGER_RUN_ID_XCOM_KEY) if run_id]
+    texts = []
+    for task_id, map_index, report in reports:
+        if not isinstance(report, dict) or not report.get("verdict"):
+            continue
+        text = drift_text(report, triggered[-1] if triggered and report.get("verdict") == "drift" else None)
+        texts.append(text)
+        ti = _task_instance(session, dag_run, task_id, map_index)
+        if ti is not None and not ti.note:
+            ti.note = text
+    return texts
+
+
 def note_failures(dag_run: Any, session: Any) -> list[str]:
     """Write why each failed task of the run failed as its note (in ``session``); return the run's sentences.
 
@@ -237,7 +273,7 @@ def note_failures(dag_run: Any, session: Any) -> list[str]:
 
 def note_run(dag_run: Any, session: Any) -> list[str]:
     """Write the run's decisions and failures as notes (in ``session``); return the run note's sentences."""
-    texts = note_decisions(dag_run, session) + note_failures(dag_run, session)
+    texts = note_decisions(dag_run, session) + note_drift(dag_run, session) + note_failures(dag_run, session)
     if texts and not dag_run.note:
         dag_run.note = " · ".join(texts)[:MAX_NOTE_CHARS]
     elif texts and dag_run.note.startswith(STARTED_BY):  # our own note of why it started: carry on

@@ -68,6 +68,18 @@ def _retraining_runs() -> list:
                 for run in runs]
 
 
+def _notes(run, task_id: str) -> tuple[str | None, str | None]:
+    """The note of ``run`` (dag_id, run_id) and of its task ``task_id``."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        dag_run = session.query(DagRun).filter_by(dag_id=run.dag_id, run_id=run.run_id).one()
+        ti = session.query(TaskInstance).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id).one()
+        return dag_run.note, ti.note
+
+
 @pytest.mark.integration
 def test_a_promotion_keeps_the_run_that_trained_the_model_with_its_params(wine_regression, artifact_root):
     pipeline = load_dag(PIPELINE, ROOT / "dags")
@@ -95,11 +107,19 @@ def test_the_drifted_file_retrains_the_served_models_own_run_with_its_params_and
     (run,) = runs
     # the served model's own run again: its Params exactly (source, label, settings, rollout, approval)
     assert run.conf == record["params"]
-    assert run.note == (f"Started by {drift['reason']} in {wine_regression.shifted} (model {version}), with the "
-                        f"source and settings of {PIPELINE} run {wine_regression.pipeline.run_id}, which trained it")
+    assert run.note == (f"Started by {drift['reason']} in {wine_regression.shifted} (model {version}; scoring run "
+                        f"{wine_regression.drifted.run_id}), with the source and settings of {PIPELINE} run "
+                        f"{wine_regression.pipeline.run_id}, which trained it")
+    # and the other way: the scoring run's and its score task's note give the verdict and name this run
+    run_note, task_note = _notes(wine_regression.drifted, "score")
+    assert task_note == f"Drift: {drift['reason']}; retraining run {run.run_id} started"
+    assert task_note in run_note
+    stable_run_note, stable_task_note = _notes(wine_regression.scoring, "score")
+    assert stable_task_note.startswith("No drift (") and "retraining" not in stable_task_note
+    assert stable_task_note in stable_run_note
     assert all(column in run.note for column in SHIFTED_COLUMNS)
     # the pipeline is no longer scheduled on the drift Asset: nothing but this run retrains
-    assert getattr(load_dag(PIPELINE, ROOT / "dags").timetable, "asset_condition", None) is None
+    assert type(load_dag(PIPELINE, ROOT / "dags").timetable).__name__ in ("CronTriggerTimetable", "NullTimetable")
 
 
 @pytest.mark.integration
