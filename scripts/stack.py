@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "include")]
 
 from scripts import localcluster  # noqa: E402
+from airflow_ray_ml_stages import wine  # noqa: E402
 from airflow_ray_ml_stages.constants import TUNE_PROGRESS_MARKER  # noqa: E402
 
 RUN_DIR = ROOT / ".run"
@@ -262,7 +263,8 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
     client.login()
     keep_ray_connection(client, list(sources))
     client.wait_for_dag(DAG_ID)
-    check_label(conf, _param_default(client.call("GET", f"/dags/{DAG_ID}/details").get("params") or {}, "label_column"))
+    default_label = _param_default(client.call("GET", f"/dags/{DAG_ID}/details").get("params") or {}, "label_column")
+    check_label(conf, default_label)
     client.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
     scoring = _unpause_scoring(client)
     run = client.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
@@ -296,7 +298,7 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
     if run["state"] == "failed":
         report_failures(client, run_id, tis)
     if run["state"] == "success":
-        report_model(client, run_id)
+        report_model(client, run_id, conf.get("label_column") or default_label)
         if scoring and isinstance(_xcom(client, run_id, "deploy"), dict):
             report_scoring(client, run["start_date"], min(600.0, timeout_s))
     print(f"\nAirflow UI: {AIRFLOW_URL}  (user admin; password in {PASSWORD_FILE})")
@@ -454,22 +456,28 @@ def print_leaderboard(tuned: dict, top: int = 5) -> None:
     print(f"leaderboard: {tuned['leaderboard_csv_uri']}\nplot: {tuned['plot_uri']}")
 
 
-def report_model(client: AirflowClient, run_id: str) -> None:
-    """Print the trained model's test metrics, the endpoint, and one real prediction from it."""
+def model_summary(model: dict, label: str) -> str:
+    """The trained model's test metrics (the train task's XCom) in one line, as fit its task and ``label``."""
+    test, baseline = model["metrics"]["test"], model.get("baseline", {})
+    if model.get("classes") is None:
+        # the share within half a grade and a grade means something for wine grades only
+        bands = (f", within 0.5: {test['acc_0_5']:.1%}, within 1.0: {test['acc_1_0']:.1%}"
+                 if label == wine.LABEL else "")
+        return (f"model {model.get('model_version')} ({model.get('family')}): test RMSE {test['rmse']:.4g}, "
+                f"MAE {test['mae']:.4g}{bands} (mean-predictor RMSE {baseline.get('test_rmse', float('nan')):.4g})")
+    return (f"model {model.get('model_version')} ({model.get('family')}), {len(model['classes'])} classes: "
+            f"test log loss {test['log_loss']:.3f}, accuracy {test['accuracy']:.1%}, macro F1 "
+            f"{test['macro_f1']:.3f} (class-shares baseline: log loss "
+            f"{baseline.get('test_log_loss', float('nan')):.3f}, accuracy "
+            f"{baseline.get('test_accuracy', float('nan')):.1%})")
+
+
+def report_model(client: AirflowClient, run_id: str, label: str) -> None:
+    """Print the trained model's test metrics (of ``label``), the endpoint, and one real prediction from it."""
     report_leaderboard(client, run_id)
     model = _xcom(client, run_id, "train")
     if isinstance(model, dict) and model.get("metrics"):
-        test, baseline = model["metrics"]["test"], model.get("baseline", {})
-        if model.get("classes") is None:
-            print(f"\nmodel {model.get('model_version')} ({model.get('family')}): test RMSE {test['rmse']:.3f}, "
-                  f"MAE {test['mae']:.3f}, within 0.5: {test['acc_0_5']:.1%}, within 1.0: {test['acc_1_0']:.1%} "
-                  f"(mean-predictor RMSE {baseline.get('test_rmse', float('nan')):.3f})")
-        else:
-            print(f"\nmodel {model.get('model_version')} ({model.get('family')}), {len(model['classes'])} classes: "
-                  f"test log loss {test['log_loss']:.3f}, accuracy {test['accuracy']:.1%}, macro F1 "
-                  f"{test['macro_f1']:.3f} (class-shares baseline: log loss "
-                  f"{baseline.get('test_log_loss', float('nan')):.3f}, accuracy "
-                  f"{baseline.get('test_accuracy', float('nan')):.1%})")
+        print("\n" + model_summary(model, label))
     deployed = _xcom(client, run_id, "deploy")
     decision = _xcom(client, run_id, "deploy", key="decision")
     endpoint = _xcom(client, run_id, "deploy", key="serve_endpoint")

@@ -141,7 +141,12 @@ def test_make_run_path_on_a_rent_table_serves_its_own_test_row_and_skips_wine_sc
     deployed = _xcom(dag_run, "deploy")
     assert deployed["action"] == "promoted" and deployed["endpoint"].endswith("/rent")
 
-    assert _xcom(dag_run, "train")["config"]["scaler"] == "minmax"
+    trained = _xcom(dag_run, "train")
+    assert trained["config"]["scaler"] == "minmax"
+    # the summary speaks of rents: no share within half a wine grade
+    summary = stack.model_summary(trained, "rent")
+    assert f"test RMSE {trained['metrics']['test']['rmse']:.4g}" in summary and "within" not in summary
+    assert "within 0.5: " in stack.model_summary(trained, "quality")  # the demo's grades
     row, label, answer = stack.sample_prediction(deployed["endpoint"], _xcom(dag_run, "preprocess"))
     assert set(row) == RENT_FEATURES and row["district"] in {"north", "centre", "south", "harbour"}
     # decoded to the table's own values, not through the model's other scaler
