@@ -14,6 +14,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from airflow_ray_ml_stages.metrics import direction
+
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
 
@@ -78,28 +80,46 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
 
 
+def _failures(side: dict[str, Any]) -> str:
+    """A side's failed requests as a share of the requests it answered, with both counts in words."""
+    requests, failures = side.get("requests", 0) or 0, side.get("failures", 0) or 0
+    if not requests:
+        return "— (no requests)"
+    return f"{failures / requests:.1%} ({failures} of {requests} it answered)"
+
+
+def _sentence(text: str) -> str:
+    text = str(text).strip()
+    return text if not text or text[-1] in ".!?" else text + "."
+
+
 def evidence_body(summary: dict[str, Any], rollout: dict[str, Any] | None, drift: list[str]) -> str:
-    """The approval form's body, in Markdown: the test metrics, the live comparison, the drift that started the run."""
+    """The approval form's body, in Markdown: the test metrics, the live comparison, the drift that
+    started the run. Each statement is a paragraph of its own; the table puts like beside like (a
+    share of each side's own requests, not two counts of different totals) and says which way is
+    better."""
     metric = summary.get("metric")
+    better = "lower is better" if metric and direction(metric) == "min" else "higher is better"
     lines = [f"**Promote {summary.get('challenger_version')}** in place of "
              f"{summary.get('champion_version') or 'nothing (no model is served)'}?", "",
-             f"Gate: {summary.get('reason')}", "",
-             "| | challenger | champion |", "|---|---|---|",
-             f"| test {metric} | {_number(summary.get('challenger'))} | {_number(summary.get('champion'))} |"]
+             _sentence(f"Gate: {summary.get('reason')}"), "",
+             "| | challenger | champion | good |", "|---|---|---|---|",
+             f"| test {metric} | {_number(summary.get('challenger'))} | {_number(summary.get('champion'))} | {better} |"]
     if rollout:
         sides = (rollout.get("challenger") or {}, rollout.get("champion") or {})
         p50 = [(side.get("answer_ms") or {}).get("p50") for side in sides]
-        lines += [f"| median answer time (ms) | {_number(p50[0])} | {_number(p50[1])} |",
-                  f"| failed requests | {sides[0].get('failures', 0)} of {sides[0].get('requests', 0)} | "
-                  f"{sides[1].get('failures', 0)} of {sides[1].get('requests', 0)} |"]
+        lines += [f"| median answer time (ms) | {_number(p50[0])} | {_number(p50[1])} | lower is better |",
+                  f"| failed requests | {_failures(sides[0])} | {_failures(sides[1])} | 0 % |"]
         live = rollout.get("live") or {}
         if live.get("rows"):
-            lines.append(f"| live {live.get('metric')} ({live['rows']} labelled rows) | "
-                         f"{_number(live.get('challenger'))} | {_number(live.get('champion'))} |")
-        lines += ["", f"{rollout.get('mode', '').capitalize()} at {rollout.get('share', 0):.0%} of requests: "
-                  f"{rollout.get('verdict', '')}"]
+            lines.append(f"| live {live.get('metric')} on {live['rows']} labelled rows | "
+                         f"{_number(live.get('challenger'))} | {_number(live.get('champion'))} | {better} |")
+        lines += ["", _sentence(f"{rollout.get('mode', '').capitalize()} trial on {rollout.get('share', 0):.0%} of "
+                                f"the requests: {rollout.get('verdict', '')}")]
         if rollout.get("agreement") is not None:
-            lines.append(f"Agreement with the champion: {rollout['agreement']:.1%} of "
-                         f"{rollout.get('compared_rows', 0)} rows.")
+            lines += ["", f"Agreement with the champion: on {rollout['agreement']:.1%} of the "
+                          f"{rollout.get('compared_rows', 0)} rows both answered, the challenger gave the champion's "
+                          "answer (the same class, or a value within a tenth of the champion's standard deviation). Near 100 %: it "
+                          "changes few answers; lower: check that the changes are improvements (the live metric)."]
     lines += ["", "Drift that started this run: " + ("; ".join(drift) if drift else "none")]
     return "\n".join(lines)

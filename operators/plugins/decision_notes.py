@@ -94,7 +94,7 @@ def decision_text(decision: dict[str, Any]) -> str:
         text += "" if f"{decision.get('metric')} " in reason else _metrics(decision)
     approval = decision.get("approval")
     if action == "promoted" and isinstance(approval, dict) and approval.get("by"):
-        text += f"; approved by {approval['by']}"
+        text += f"; approved by {approval['by']}" + (f": {approval['reason']}" if approval.get("reason") else "")
     return text[:MAX_NOTE_CHARS]
 
 

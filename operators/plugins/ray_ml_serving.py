@@ -129,13 +129,16 @@ def live_trial_text(rollout: Any) -> str:
 
 
 def approval_text(approval: Any) -> str:
-    """Who answered a decision's approval, and how: "approved by ana", "rejected by ana", "no answer in time"."""
+    """Who answered a decision's approval, how, and, for an approval, why: "approved by ana: <the reason
+    typed>", "rejected by ana" (a rejection's reason is the decision's own), "rejected: no answer in time"."""
     if not isinstance(approval, dict):
         return ""
-    who = approval.get("by")
+    who, reason = approval.get("by"), approval.get("reason")
     if not who:
         return "rejected: no answer in time" if not approval.get("approved") else "approved"
-    return f"{'approved' if approval.get('approved') else 'rejected'} by {who}"
+    if not approval.get("approved"):
+        return f"rejected by {who}"
+    return f"approved by {who}" + (f": {reason}" if reason else "")
 
 
 @dataclass

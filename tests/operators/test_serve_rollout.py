@@ -152,6 +152,31 @@ def test_live_metrics_score_both_models_on_the_labelled_rows_only():
         live_metrics(stats, labels.drop(columns=["quality"]), "quality", columns, ["balcony"], None, "mae")
 
 
+def test_the_approval_form_reads_as_sentences_with_like_beside_like_and_what_good_looks_like():
+    from airflow_ray_ml.serve_approval import evidence_body
+
+    summary = {"challenger_version": "xgb-2", "champion_version": "xgb-1", "metric": "rmse", "challenger": 0.6571,
+               "champion": 0.6573, "reason": "challenger rmse 0.6571 vs champion 0.6573 (needs 0 better)"}
+    rollout = {"mode": "shadow", "share": 1.0, "verdict": "answered as well and no slower", "agreement": 0.57,
+               "compared_rows": 105, "live": {"metric": "rmse", "rows": 40, "challenger": 0.61, "champion": 0.64},
+               "challenger": {"requests": 50, "failures": 1, "answer_ms": {"p50": 4.1}},
+               "champion": {"requests": 105, "failures": 0, "answer_ms": {"p50": 3.9}}}
+    body = evidence_body(summary, rollout, ["drift in alcohol (PSI 0.41)"])
+    paragraphs = body.split("\n\n")
+    # each statement a paragraph of its own, ending its sentence: the verdict and the agreement never run together
+    verdict = next(p for p in paragraphs if p.startswith("Shadow trial"))
+    assert verdict == "Shadow trial on 100% of the requests: answered as well and no slower."
+    agreement = next(p for p in paragraphs if p.startswith("Agreement"))
+    assert "57.0% of the 105 rows" in agreement and "Near 100 %" in agreement
+    # failures as a share of each side's own requests, the counts in words; which way is good
+    assert "| failed requests | 2.0% (1 of 50 it answered) | 0.0% (0 of 105 it answered) | 0 % |" in body
+    assert "| test rmse | 0.6571 | 0.6573 | lower is better |" in body
+    assert "| live rmse on 40 labelled rows | 0.61 | 0.64 | lower is better |" in body
+    assert paragraphs[-1] == "Drift that started this run: drift in alcohol (PSI 0.41)"
+    assert "| test accuracy | 0.9 | 0.8 | higher is better |" in evidence_body(
+        {**summary, "metric": "accuracy", "challenger": 0.9, "champion": 0.8}, None, [])
+
+
 @requires_ml_extra  # Ray Serve, on this side of the Ray boundary
 def test_a_trial_starts_and_ends_without_changing_the_applications_code_version():
     """Serve rebuilds an application, restarting every replica, when its code version changes; a

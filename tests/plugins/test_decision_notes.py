@@ -29,6 +29,7 @@ from airflow_ray_ml.plugins.decision_notes import (
     uses_this_provider,
 )
 from airflow_ray_ml.plugins.ray_ml_runs import decode_xcom, list_tune_runs, load_tune_run
+from airflow_ray_ml.plugins.ray_ml_serving import approval_text
 from airflow_ray_ml.ray_job import RayJobOperator
 from tests.conftest import load_dag
 from tests.dag_fixtures.notes_dags import ERROR, SECRET_CONN_ID
@@ -194,6 +195,10 @@ def test_a_promotion_a_person_approved_says_who_and_a_rejection_says_why():
                 "approval": {"approved": True, "by": "ana"}}
     assert decision_text(promoted) == ("Promoted v2 over v1: challenger rmse 0.7000 vs champion 0.8000; shadow: ok; "
                                        "approved by ana")
+    # the reason the approver typed is kept with the decision, in the note and on the page's history
+    promoted_why = {**promoted, "approval": {"approved": True, "by": "ana", "reason": "the price model changed"}}
+    assert decision_text(promoted_why).endswith("; approved by ana: the price model changed")
+    assert approval_text(promoted_why["approval"]) == "approved by ana: the price model changed"
     rejected = {**promoted, "action": "kept_champion", "reason": "rejected by ana: wait for the audit",
                 "approval": {"approved": False, "by": "ana"}}
     assert decision_text(rejected) == ("Kept champion v1; challenger v2 not promoted: rejected by ana: wait for the "

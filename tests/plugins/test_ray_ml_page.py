@@ -132,7 +132,7 @@ def test_history_shows_each_decisions_live_trial_and_who_answered_its_approval(t
     artifacts.write_json_atomic(history_uri(serving_dir(str(tmp_path), "wine-live")), [
         {"at": "2026-07-01T10:00:00+00:00", "action": "promoted", "challenger_version": "v2",
          "champion_version": "v1", "rollout": shadow,
-         "approval": {"approved": True, "by": "ana", "at": "2026-07-01T09:59:00+00:00", "reason": ""}},
+         "approval": {"approved": True, "by": "ana", "at": "2026-07-01T09:59:00+00:00", "reason": "as agreed"}},
         {"at": "2026-07-02T10:00:00+00:00", "action": "rolled_back", "challenger_version": "v3",
          "champion_version": "v2", "rollout": canary},
         {"at": "2026-07-03T10:00:00+00:00", "action": "kept_champion", "challenger_version": "v4",
@@ -145,7 +145,7 @@ def test_history_shows_each_decisions_live_trial_and_who_answered_its_approval(t
     timed_out, rejected, rolled_back, promoted = history.entries
     assert promoted.live_trial == ("shadow 100%, 300 rows compared, agreement 93%, failed 0 of 300 requests, "
                                    "answer time 1.3 ms vs 1.2 ms, live rmse 0.7472 vs 0.8537 on 120 labelled rows")
-    assert promoted.approval == "approved by ana"
+    assert promoted.approval == "approved by ana: as agreed"  # the reason the approver typed
     assert rolled_back.live_trial == "canary 10%, 40 rows answered, failed 40 of 40 requests, answer time ? ms vs ? ms"
     assert (rolled_back.approval, rejected.approval) == ("", "rejected by bo")
     assert (rejected.live_trial, timed_out.approval) == ("", "rejected: no answer in time")
@@ -153,7 +153,7 @@ def test_history_shows_each_decisions_live_trial_and_who_answered_its_approval(t
     data.apps = [ray_ml.ServedApp(name="wine-live", status="RUNNING", endpoint="", version="v2", history=history)]
     html = ray_ml.render(data)
     assert f'<td class="live-trial">{promoted.live_trial}</td>' in html
-    assert '<td class="approval">approved by ana</td>' in html and '<td class="approval">rejected by bo</td>' in html
+    assert '<td class="approval">approved by ana: as agreed</td>' in html and '<td class="approval">rejected by bo</td>' in html
 
 
 def test_history_that_is_missing_or_unreadable_becomes_a_sentence(tmp_path):
