@@ -265,6 +265,7 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
     client.wait_for_dag(DAG_ID)
     default_label = _param_default(client.call("GET", f"/dags/{DAG_ID}/details").get("params") or {}, "label_column")
     check_label(conf, default_label)
+    report_runs_from_before(client)
     client.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
     scoring = _unpause_scoring(client)
     run = client.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf})
@@ -337,6 +338,19 @@ class Progress:
         if line and line != self.said:
             self.said = line
             print(f"    {line}")
+
+
+def report_runs_from_before(client: AirflowClient) -> list[str]:
+    """Say which runs of the pipeline are queued or running before `make run` triggers its own (a
+    retraining drift started, resumed after `make stop`): one runs at a time, so this run waits for
+    them, and each may change what is served when it ends. Returns their run ids."""
+    runs = client.call("GET", f"/dags/{DAG_ID}/dagRuns",
+                       params={"state": ["queued", "running"], "limit": 100})["dag_runs"]
+    for run in runs:
+        print(f"a {DAG_ID} run from before is {run['state']}: {run['dag_run_id']}"
+              + (f" ({run['note']})" if run.get("note") else "")
+              + "; it may change what is served when it ends, and this run starts after it")
+    return [run["dag_run_id"] for run in runs]
 
 
 def task_error(records: list) -> str | None:
