@@ -673,6 +673,14 @@ def _alive(state: dict | None) -> bool:
     return bool(state) and bool(session_pids(int(state["pid"])))
 
 
+# The head `make run` starts is a single-node cluster: Ray takes 127.0.0.1 as the node's address (as
+# it does on macOS and Windows) and its GCS, raylet, agents, client server and workers listen there.
+# Without it Ray resolves --node-ip-address=127.0.0.1 to the machine's network address and listens
+# on every interface. No worker node can join such a head (make run starts none), and a driver run
+# on this machine with `ray.init()` needs the same variable (docs/deployment.md#listening-sockets).
+SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.localcluster")
     parser.add_argument("command", choices=("start", "stop", "status"))
@@ -721,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         temp_dir=temp_dir, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         dashboard_port=args.dashboard_port,
         token_file=os.path.abspath(args.token_file) if args.token_file else None,
-        log_file=os.path.join(os.path.dirname(pid_file), "ray.log"),
+        log_file=os.path.join(os.path.dirname(pid_file), "ray.log"), extra_env=SINGLE_NODE_ENV,
     )
     try:
         cluster.start()

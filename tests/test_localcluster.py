@@ -213,6 +213,22 @@ def _running(pids) -> list[int]:
     return running
 
 
+def _listening_beyond_loopback(pids: list[int]) -> set[tuple[int, str, int]]:
+    """``(pid, address, port)`` of each socket one of ``pids`` listens on beyond 127.0.0.0/8 and ::1."""
+    import ipaddress
+
+    import psutil
+
+    exposed = set()
+    for connection in psutil.net_connections(kind="inet"):
+        if connection.status != psutil.CONN_LISTEN or connection.pid not in pids:
+            continue
+        address = ipaddress.ip_address(connection.laddr.ip)
+        if not (getattr(address, "ipv4_mapped", None) or address).is_loopback:
+            exposed.add((connection.pid, connection.laddr.ip, connection.laddr.port))
+    return exposed
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -360,6 +376,12 @@ def test_the_local_stack_started_from_a_checkout_with_a_long_path_serves_a_deplo
         assert len(list(Path(temp_dir, "hp").glob("*/admin.sock"))) == 1
         session = localcluster.session_pids(int(state["pid"]))
         assert any("haproxy" in _cmdline(pid) for pid in session)
+        # the stack listens on loopback only, but for the one port Ray Serve binds on every interface
+        # in each replica, for calls between deployments (docs/deployment.md#listening-sockets)
+        exposed = _listening_beyond_loopback(session)
+        replicas = {pid for pid in session if _cmdline(pid).startswith("ray::ServeReplica")}
+        assert replicas and {pid for pid, _, _ in exposed} <= replicas, exposed
+        assert len(exposed) == len({pid for pid, _, _ in exposed}), exposed  # one each
 
         stopped = _cli("stop", checkout)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
