@@ -281,13 +281,16 @@ def test_ray_client_info_lines_reach_the_task_log_at_info_not_stderr(fake_jobs_a
 
 
 def test_operators_and_trigger_build_no_dashboard_api_urls():
-    """Every dashboard route lives in the hook (operators/hooks/); the UI links build page URLs, not /api/ ones."""
+    """Every dashboard route lives in the hook (operators/hooks/); the UI links build page URLs, not /api/ ones.
+    Airflow's own REST API (``/api/v2/``, which the api-server middleware of plugins/known_params.py
+    guards) is not the dashboard's."""
     from tests.conftest import ROOT
 
     offenders = [
         f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
         for path in sorted((ROOT / "operators").rglob("*.py")) if "hooks" not in path.parts
-        for number, line in enumerate(path.read_text().splitlines(), 1) if "/api/" in line
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "/api/" in line.replace("/api/v2/", "")
     ]
     assert offenders == []
 
