@@ -11,6 +11,7 @@ were kept) starts nothing: the task is skipped, saying so.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
@@ -50,10 +51,21 @@ def retraining_run(manifest: dict[str, Any], model: dict[str, Any], artifact_roo
             f"retraining {record['dag_id']} with the Params of run {record['run_id']}")
 
 
+# TriggerDagRunOperator takes a note from the standard provider of early 2026 on; the releases beside
+# Airflow 3.1.1 do not, and would refuse the argument when the DAG is parsed.
+_TAKES_NOTE = "note" in inspect.signature(TriggerDagRunOperator.__init__).parameters
+
+
 class DriftRetrainOperator(TriggerDagRunOperator):
     """Trigger the retraining :func:`retraining_run` planned: Airflow's ``TriggerDagRunOperator``
     with its ``note`` templated too, so the plan's XComArgs fill it, ``conf`` and the run id. The DAG
     it triggers is named when the DAG is written (``trigger_dag_id``: Airflow draws the dependency
-    between the two DAGs from it), and a model another DAG trained is not retrained by it."""
+    between the two DAGs from it), and a model another DAG trained is not retrained by it. With a
+    standard provider too old to pass a note on, the run starts without one."""
 
     template_fields: Sequence[str] = (*TriggerDagRunOperator.template_fields, "note")
+
+    def __init__(self, *, note: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**({"note": note} if _TAKES_NOTE else {}), **kwargs)
+        if not _TAKES_NOTE:
+            self.note = note
