@@ -399,6 +399,10 @@ def test_a_signals_exception_always_reaches_the_follower_of_a_busy_log(fake_jobs
     def alarm(signum, frame):
         nonlocal delivered
         delivered += 1
+        # a lost alarm shows as a second one, 5 s later; on a loaded machine the follow's unwinding
+        # (closing a stream of 28 MB) took over half a second, and a second alarm every 0.5 s came
+        # during it though the first had ended the follow
+        signal.setitimer(signal.ITIMER_REAL, 5.0, 5.0)
         raise _Alarm()
 
     hook, delivered, outcomes = RayHook("ray_fake"), 0, []
@@ -410,7 +414,8 @@ def test_a_signals_exception_always_reaches_the_follower_of_a_busy_log(fake_jobs
             fake_jobs_api.add_job(job)  # RUNNING: its stream stays open after these long lines
             fake_jobs_api.script("GET", f"/api/jobs/{job}/logs/tail", Stream(long_lines, close_code=None))
             delivered = 0
-            # the first alarm at a random moment; should it be lost, more follow every half second
+            # the first alarm at a random moment; should it be lost, more follow (every 0.5 s until one
+            # is delivered, then every 5 s)
             signal.setitimer(signal.ITIMER_REAL, random.uniform(0.02, 0.1), 0.5)
             try:
                 for _ in hook.tail_job_logs(job, timeout_s=20):
