@@ -308,6 +308,15 @@ def trigger(conf: dict, timeout_s: float, sources: list[str] = ()) -> int:
     return 0 if run["state"] == "success" else 1
 
 
+def task_log_records(client: AirflowClient, run_id: str, task_id: str, attempt: int) -> list:
+    """The records of one try's task log, as Airflow's log endpoint returns them ([] when it cannot)."""
+    path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}"
+    response = client.session.get(f"{AIRFLOW_URL}/api/v2{path}", params={"full_content": "true"},
+                                  headers={"Accept": "application/json"}, timeout=30)
+    content = response.json().get("content") if response.ok else None
+    return content if isinstance(content, list) else []
+
+
 def last_progress(records: list) -> str | None:
     """The last line of a search's progress (``TUNE_PROGRESS_MARKER``) among a task log's records."""
     found = None
@@ -330,11 +339,7 @@ class Progress:
         if time.monotonic() - self.looked < self.EVERY_S:
             return
         self.looked = time.monotonic()
-        path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{ti['task_id']}/logs/{ti.get('try_number') or 1}"
-        response = client.session.get(f"{AIRFLOW_URL}/api/v2{path}", params={"full_content": "true"},
-                                      headers={"Accept": "application/json"}, timeout=30)
-        content = response.json().get("content") if response.ok else None
-        line = last_progress(content if isinstance(content, list) else [])
+        line = last_progress(task_log_records(client, run_id, ti["task_id"], ti.get("try_number") or 1))
         if line and line != self.said:
             self.said = line
             print(f"    {line}")
@@ -371,11 +376,7 @@ def report_failures(client: AirflowClient, run_id: str, tis: list[dict]) -> None
     """Each failed task's error and where its whole log is: the UI page and the file."""
     for ti in sorted((ti for ti in tis if ti["state"] == "failed"), key=lambda ti: ti.get("start_date") or ""):
         task_id, attempt = ti["task_id"], ti.get("try_number") or 1
-        path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{attempt}"
-        response = client.session.get(f"{AIRFLOW_URL}/api/v2{path}", params={"full_content": "true"},
-                                      headers={"Accept": "application/json"}, timeout=30)
-        content = response.json().get("content") if response.ok else None
-        error = task_error(content if isinstance(content, list) else []) or "(no error in its log; see the log)"
+        error = task_error(task_log_records(client, run_id, task_id, attempt)) or "(no error in its log; see the log)"
         print(f"\n{task_id} failed (try {attempt}): {error}")
         print(f"  log: {AIRFLOW_URL}/dags/{DAG_ID}/runs/{run_id}/tasks/{task_id}?try_number={attempt}")
         log_file = AIRFLOW_HOME / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={task_id}" / \

@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 MAX_NOTE_CHARS = 1000  # Airflow's note column holds 1000
 FAILURE_XCOM_KEY = "failure"
 STARTED_BY = "Started by "  # how the note of a run that drift started begins
-TRIGGER_RUN_ID_XCOM_KEY = "trigger_run_id"  # where Airflow's TriggerDagRunOperator keeps the run it triggered
 # A note quotes this much of an error's first line and of its fix: enough to act on, never a dump
 # of the data a message may quote.
 MAX_ERROR_CHARS = 400
@@ -234,12 +233,14 @@ def drift_text(report: dict[str, Any], retraining_run_id: str | None) -> str:
 def note_drift(dag_run: Any, session: Any) -> list[str]:
     """Write each scoring task's drift verdict as its note (in ``session``), naming the retraining run
     the run triggered (a ``DriftRetrainOperator``'s ``trigger_run_id``); return the texts."""
+    from airflow.providers.standard.operators.trigger_dagrun import XCOM_RUN_ID
+
     from airflow_ray_ml.plugins.ray_ml_runs import DRIFT_XCOM_KEY
 
     reports = _xcoms(session, dag_run, DRIFT_XCOM_KEY)
     if not reports:
         return []
-    triggered = [run_id for _, _, run_id in _xcoms(session, dag_run, TRIGGER_RUN_ID_XCOM_KEY) if run_id]
+    triggered = [run_id for _, _, run_id in _xcoms(session, dag_run, XCOM_RUN_ID) if run_id]
     texts = []
     for task_id, map_index, report in reports:
         if not isinstance(report, dict) or not report.get("verdict"):

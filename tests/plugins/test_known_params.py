@@ -53,18 +53,9 @@ def test_a_conf_key_that_is_no_param_is_refused_with_the_params_and_no_run(api_s
     assert _run_ids(api_server, dag_id) == before
 
 
-def _stack(base: str):
-    """scripts/stack.py (`make run`'s own steps), talking to the api-server at ``base``."""
-    import importlib.util
+def test_known_keys_still_create_the_run_and_make_run_names_it_as_a_run_from_before(api_server, capsys, monkeypatch):
+    from tests.scripts.test_stack import stack
 
-    spec = importlib.util.spec_from_file_location("stack_for_known_params", ROOT / "scripts" / "stack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.AIRFLOW_URL = base  # every user is an admin here: no login
-    return module
-
-
-def test_known_keys_still_create_the_run_and_make_run_names_it_as_a_run_from_before(api_server, capsys):
     dag_id = "wine_quality_pipeline"
     before = _run_ids(api_server, dag_id)
     answer = _trigger(api_server, dag_id, {"num_trials": 3, "demo_rows": 500})
@@ -74,7 +65,7 @@ def test_known_keys_still_create_the_run_and_make_run_names_it_as_a_run_from_bef
         assert answer.json()["conf"] == {"num_trials": 3, "demo_rows": 500}
         assert _run_ids(api_server, dag_id) == before | {run_id}
         # `make run` names such a run, queued before its own, which would wait for it (scripts/stack.py)
-        stack = _stack(api_server)
+        monkeypatch.setattr(stack, "AIRFLOW_URL", api_server)  # every user is an admin here: no login
         assert run_id in stack.report_runs_from_before(stack.AirflowClient())
         assert f"run from before is queued: {run_id}" in capsys.readouterr().out
     finally:
