@@ -1,7 +1,8 @@
 """RayServeDeployOperator: promote a trained model to Ray Serve only if it beats the served one.
 
-The operator talks to the Serve REST API (a declarative config, not ``serve.run``): it reads the
-live champion's card, gates the challenger on the test metric (``airflow_ray_ml.serve_gate``),
+The operator talks to the Serve REST API (a declarative config, not ``serve.run``): it scores the
+live champion on the challenger's test rows and gates the challenger on the test metric, beyond
+the rows' noise (a paired bootstrap; ``airflow_ray_ml.serve_gate``),
 applies the new config (a ``user_config`` change, so live replicas ``reconfigure()`` in place),
 waits until the application is RUNNING and answers with the new version, smoke-tests the endpoint
 with rows of the test split, and on any failure restores the previous config and fails with the
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Sequence
 
 from airflow_ray_ml.contract import coerce_value, operator_setting
@@ -44,9 +45,11 @@ from airflow_ray_ml.serve_apps import (
 from airflow_ray_ml.serve_config import (
     SERVE_INSTANCE_SETTINGS, instance_settings, live_applications, live_instance_settings, upload_code,
 )
-from airflow_ray_ml.serve_gate import answer_error, champion_metric, check_smoke_answer, gate
+from airflow_ray_ml.serve_gate import (
+    DEFAULT_MIN_CONFIDENCE, answer_error, champion_metric, check_smoke_answer, gate, paired_confidence,
+)
 from airflow_ray_ml import serve_approval
-from airflow_ray_ml.serve_history import config_uri, previous_config_uri, run_record_uri
+from airflow_ray_ml.serve_history import config_uri, previous_config_uri, run_record_uri, trial_uri
 from airflow_ray_ml.serve_rollout import (
     POLL_S, Rollout, challenger_deployment, evidence, live_metrics, now_iso, verdict, without_rollout,
 )
@@ -54,11 +57,14 @@ from airflow_ray_ml.serve_schema import (
     DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES, ModelSchema, schema_change_reason,
 )
 from airflow_ray_ml_stages import artifacts
-from airflow_ray_ml_stages.constants import task_of
+from airflow_ray_ml_stages.constants import TEST_PREDICTIONS_NAME, task_of
 from airflow_ray_ml_stages.metrics import DEFAULT_METRIC, TASK_METRICS
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+# How often a live trial's progress is kept for the page (``serve_history.trial_uri``).
+TRIAL_RECORD_EVERY_S = 5.0
 
 # The XCom that keeps a deploy's gate decision while it waits for approval.
 PENDING_XCOM_KEY = "pending_promotion"
@@ -81,6 +87,11 @@ class RayServeDeployOperator(ServeApplicationOperator):
         better), ``acc_0_5``, ``acc_1_0`` (regression); ``log_loss`` (lower is better), ``accuracy``,
         ``macro_f1`` (classification). None: ``rmse`` for regression, ``log_loss`` for classification.
     :param min_improvement: how much better (absolute) the challenger must be. (templated)
+    :param min_confidence: how sure the gate must be that the challenger is better (by more than
+        ``min_improvement``) on the test rows beyond their noise: the share, in [0, 1), of paired
+        bootstrap resamples of the test rows in which it is (both models' answers to each row: the
+        challenger's from its model directory, the champion's over its endpoint). 0: the plain
+        comparison of the two metrics decides, any difference promotes. (templated)
     :param force: promote whatever the metrics say. (templated)
     :param on_schema_change: what a schema change does, when the served model cannot score this
         model's test rows (columns missing or new, other categories, another label, other classes or
@@ -125,7 +136,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
     """
 
     template_fields: Sequence[str] = (
-        "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "force", "on_schema_change",
+        "model", "data", "compute", "app_name", "route_prefix", "min_improvement", "min_confidence", "force", "on_schema_change",
         "allow_takeover", "serve_instance_options", "rollout", "rollout_share", "rollout_labels", "approval",
     )
     template_fields_renderers = {"model": "json", "data": "json", "compute": "json", "serve_instance_options": "json"}
@@ -142,6 +153,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         route_prefix: str | None = None,
         metric: str | None = None,
         min_improvement: float = 0.0,
+        min_confidence: float | str = DEFAULT_MIN_CONFIDENCE,
         force: bool = False,
         on_schema_change: str = DEFAULT_ON_SCHEMA_CHANGE,
         api_key_conn_id: str | None = None,
@@ -173,6 +185,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         self.route_prefix = route_prefix
         self.metric = metric
         self.min_improvement = min_improvement
+        self.min_confidence = min_confidence
         self.force = force
         self.on_schema_change = on_schema_change
         self.autoscaling_config = autoscaling_config or {
@@ -254,6 +267,22 @@ class RayServeDeployOperator(ServeApplicationOperator):
         labels = [float(label) if preprocessor.classes is None else int(label) for label in labels]
         return rows, labels, ModelSchema.from_preprocessor(preprocessor)
 
+    def _test_answers(self, model: dict[str, Any], labels: list[float]) -> list[Any] | None:
+        """The challenger's answer to each test row, from its model directory (the train stage wrote
+        them); None, with a warning, where there are none or they are not of these rows."""
+        uri = artifacts.join(model["model_dir"], TEST_PREDICTIONS_NAME)
+        if not artifacts.exists(uri):
+            self.log.warning("No %s in the challenger's model directory (trained before the gate measured noise): "
+                             "the plain comparison decides", TEST_PREDICTIONS_NAME)
+            return None
+        kept = artifacts.read_json(uri)
+        found = kept.get("labels") or []
+        if len(found) != len(labels) or any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(found, labels)):
+            self.log.warning("The challenger's %s answer other rows than its test split's %d: the plain comparison "
+                             "decides", TEST_PREDICTIONS_NAME, len(labels))
+            return None
+        return kept["predictions"]
+
     def _smoke_test(self, version: str, rows: list[dict[str, Any]], classes: list[Any] | None) -> None:
         check_smoke_answer(self._predict(rows[: self.smoke_rows]), version, min(self.smoke_rows, len(rows)), classes)
 
@@ -293,6 +322,10 @@ class RayServeDeployOperator(ServeApplicationOperator):
         self.data = coerce_value(self.data, dict[str, Any] | None, f"{self.task_id}.data")
         self.compute = coerce_value(self.compute, dict[str, Any] | None, f"{self.task_id}.compute")
         self.min_improvement = operator_setting(self.min_improvement, float, f"{self.task_id}.min_improvement")
+        self.min_confidence = operator_setting(self.min_confidence, float, f"{self.task_id}.min_confidence")
+        if not 0 <= self.min_confidence < 1:
+            raise InvalidSpecError(f"{self.task_id}.min_confidence must be in [0, 1) (a share of resamples, e.g. "
+                                   f"0.95; 0 for the plain comparison), got {self.min_confidence!r}")
         self.force = operator_setting(self.force, bool, f"{self.task_id}.force")
         self.on_schema_change = operator_setting(self.on_schema_change, str, f"{self.task_id}.on_schema_change")
         if self.on_schema_change not in SCHEMA_CHANGE_POLICIES:
@@ -338,14 +371,21 @@ class RayServeDeployOperator(ServeApplicationOperator):
         record = {"dashboard_url": self.hook.dashboard_url, "endpoint": self.endpoint, "app": self.app_name}
         context["ti"].xcom_push(key=SERVE_XCOM_KEY, value=record)
 
-        champion, champion_version, changes = champion_metric(self.hook, self.route_prefix, self.api_key, model, metric,
-                                                              rows, labels, schema)
-        promote, why = gate(challenger, champion, metric, self.min_improvement, self.force)
+        answers = self._test_answers(model, labels) if self.min_confidence > 0 and not self.force else None
+        champion, champion_version, changes, champion_answers = champion_metric(
+            self.hook, self.route_prefix, self.api_key, model, metric, rows, labels, schema, per_row=answers is not None)
+        confidence = None
+        if answers is not None and champion_answers is not None:
+            confidence = paired_confidence(metric, labels, answers, champion_answers, self.min_improvement)
+        promote, why = gate(challenger, champion, metric, self.min_improvement, self.force, confidence,
+                            self.min_confidence)
         if changes:  # nothing to compare: the setting decides (force still promotes)
             promote = self.force or self.on_schema_change == "promote"
             why = schema_change_reason(changes) + (" (force=True)" if self.force else "")
         summary = {"challenger_version": model["model_version"], "champion_version": champion_version,
                    "metric": metric, "challenger": challenger, "champion": champion, "reason": why}
+        if confidence is not None:
+            summary.update(confidence=confidence, min_confidence=self.min_confidence)
         if not promote:
             owner = app_owner((self.live_app(state) or {}).get("deployed_app_config"))
             self.record(context, {"action": "kept_champion", "owner": owner, **summary})
@@ -454,7 +494,7 @@ class RayServeDeployOperator(ServeApplicationOperator):
         try:
             self._trial_running = True
             self._put_app(config)
-            stats = self._watch(rollout, model["model_version"])
+            stats = self._watch(rollout, model["model_version"], summary["champion_version"], started_at)
             live = self._live_metrics(rollout, stats, model, summary["metric"]) if stats else None
         except Exception as err:
             self.log.error("The %s of %s failed (%s); the champion serves alone again", rollout.mode,
@@ -481,9 +521,16 @@ class RayServeDeployOperator(ServeApplicationOperator):
         raise ServeModelRejectedError(f"the {rollout.mode} of {model['model_version']} was rolled back and "
                                       f"{summary['champion_version']} serves alone: {why}")
 
-    def _watch(self, rollout: Rollout, version: str) -> dict[str, Any] | None:
-        """Read ``/rollout`` until the rollout has seen enough or its time is up; the last answer."""
+    def _watch(self, rollout: Rollout, version: str, champion_version: str, started_at: str) -> dict[str, Any] | None:
+        """Read ``/rollout`` until the rollout has seen enough or its time is up; the last answer.
+
+        What it sees is kept for the page (``serve_history.trial_uri``): from the start (nothing seen
+        yet), at its first answer, then every ``TRIAL_RECORD_EVERY_S``."""
         deadline = time.monotonic() + self.ready_timeout_s
+        record = {"mode": rollout.mode, "share": rollout.traffic_share, "challenger_version": version,
+                  "champion_version": champion_version, "started_at": started_at, "rows_wanted": rollout.rows,
+                  "ends_by": None}
+        self._record_trial(record, {})
         stats = None
         while stats is None:  # the challenger's replica starts and loads its model
             if time.monotonic() > deadline:
@@ -496,10 +543,25 @@ class RayServeDeployOperator(ServeApplicationOperator):
             if stats is None:
                 time.sleep(POLL_S)
         ends = time.monotonic() + rollout.timeout_s
-        while not rollout.done(stats) and time.monotonic() < ends:
+        record["ends_by"] = (datetime.now(timezone.utc) + timedelta(seconds=rollout.timeout_s)).isoformat(
+            timespec="seconds")
+        recorded = 0.0
+        while True:
+            if time.monotonic() - recorded >= TRIAL_RECORD_EVERY_S:
+                recorded = time.monotonic()
+                self._record_trial(record, stats)
+            if rollout.done(stats) or time.monotonic() >= ends:
+                return stats
             time.sleep(POLL_S)
             stats = self._rollout_stats(version) or stats
-        return stats
+
+    def _record_trial(self, record: dict[str, Any], stats: dict[str, Any]) -> None:
+        """Keep what the trial has seen so far for the page; a store that refuses it only costs the page."""
+        seen = {key: value for key, value in stats.items() if key not in ("rows", "classes")}
+        try:
+            artifacts.write_json_atomic(trial_uri(self.serving_dir), {**record, "updated_at": now_iso(), "stats": seen})
+        except Exception as err:
+            self.log.warning("Could not keep the trial's progress for the page (%s): %s", trial_uri(self.serving_dir), err)
 
     def _rollout_stats(self, version: str, rows: bool = False) -> dict[str, Any] | None:
         """The application's ``/rollout`` answer about ``version``; None while it is not the one running."""

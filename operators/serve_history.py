@@ -45,6 +45,14 @@ def append_history(app_serving_dir: str, entry: dict[str, Any]) -> None:
     artifacts.write_json_atomic(history_uri(app_serving_dir), history)
 
 
+def trial_uri(app_serving_dir: str) -> str:
+    """The live trial in progress, as its deploy last saw it: ``{"mode", "share", "challenger_version",
+    "champion_version", "started_at", "updated_at", "rows_wanted", "ends_by", "stats"}`` (the
+    endpoint's ``/rollout`` answer without its rows). The page shows it while the application's
+    config carries the trial of that challenger; the decision goes to the history."""
+    return artifacts.join(app_serving_dir, "trial.json")
+
+
 def config_uri(app_serving_dir: str, version: str) -> str:
     """The whole Serve config that a promotion of ``version`` applied (what a rollback restores)."""
     return artifacts.join(app_serving_dir, "configs", f"{version}.json")

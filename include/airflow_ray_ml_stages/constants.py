@@ -16,6 +16,12 @@ TUNE_PROGRESS_MARKER = "tune progress: "
 """Prefix of the line a search logs about every ``TrialClock.PROGRESS_EVERY_S`` (trials ended,
 running and waiting, the best metric so far): in the task log, and what `make run` repeats."""
 
+TEST_PREDICTIONS_NAME = "test_predictions.json"
+"""File in a model directory with the model's answer to every row of its test split, in the split's
+order: ``{"task", "labels", "predictions"}`` (a value per row, or the class probabilities per row).
+The deploy gate pairs them with the champion's answers to measure whether the challenger is better
+beyond the test rows' noise."""
+
 STATUS_SUCCEEDED = "succeeded"
 STATUS_FAILED = "failed"
 

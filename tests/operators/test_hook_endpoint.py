@@ -176,7 +176,7 @@ def test_champion_metric_verify_tls_decides_before_any_row(monkeypatch, https_en
     with pytest.raises(RayTLSError):
         champion_metric(_hook(monkeypatch, serve_url, True), PREFIX, API_KEY, challenger, "rmse", [], [], schema)
     found = champion_metric(_hook(monkeypatch, serve_url, False), PREFIX, API_KEY, challenger, "rmse", [], [], schema)
-    assert found == (0.61, VERSION, [])
+    assert found == (0.61, VERSION, [], None)
 
 
 def test_endpoint_unreachable_names_the_serve_url_and_no_champion(monkeypatch):
@@ -187,7 +187,7 @@ def test_endpoint_unreachable_names_the_serve_url_and_no_champion(monkeypatch):
         hook.post_endpoint_predict(PREFIX, [{"alcohol": 9.4}])
     # nothing served yet: the gate has no champion, as on a first deploy
     schema = ModelSchema.from_metadata(METADATA)
-    assert champion_metric(hook, PREFIX, None, {}, "rmse", [], [], schema) == (None, None, [])
+    assert champion_metric(hook, PREFIX, None, {}, "rmse", [], [], schema) == (None, None, [], None)
 
 
 HTTP_CLIENTS = {"requests", "httpx", "aiohttp", "urllib3", "urllib.request", "http.client"}

@@ -26,6 +26,7 @@ from airflow_ray_ml.serve_apps import APP_IMPORT_PATH, OWNER_KEY, app_owner, che
 from airflow_ray_ml.serve_config import SERVE_START_DEFAULTS, instance_settings
 from airflow_ray_ml.serve_gate import gate
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import TEST_PREDICTIONS_NAME
 from tests.conftest import load_dag, serve_apps_deleted_after_module
 from tests.dag_fixtures.serve_dags import SERVE_DEPLOY_MODEL
 from tests.dags.wine_runs import asset_events
@@ -94,11 +95,13 @@ def _history(app: str = "wine-test") -> list[dict]:
 
 
 def _broken(model: dict, version: str) -> dict:
-    """A copy of ``model`` whose artifact cannot load, with a test metric that passes any gate."""
+    """A copy of ``model`` whose artifact cannot load, with a test metric that passes any gate: without
+    its answers to the test rows, the gate compares that metric plainly."""
     broken_dir = f"{model['model_dir']}-{version}"
     shutil.copytree(model["model_dir"], broken_dir)
     with open(os.path.join(broken_dir, "model.ubj"), "wb") as handle:
         handle.write(b"not a model")
+    os.remove(os.path.join(broken_dir, TEST_PREDICTIONS_NAME))
     return {**model, "model_dir": broken_dir, "model_version": version, "metrics": {"test": {"rmse": 0.01}}}
 
 
@@ -135,7 +138,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     loader = threading.Thread(target=load)
     loader.start()
     try:
-        _, state = _deploy("serve_deploy", model=trained["better"], data=data)
+        swap_run, state = _deploy("serve_deploy", model=trained["better"], data=data)
         time.sleep(1)
     finally:
         stop.set()
@@ -144,6 +147,11 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     assert failures == []
     assert versions == {trained["good"]["model_version"], trained["better"]["model_version"]}
     assert _served_version() == trained["better"]["model_version"]
+    # promoted beyond the test rows' noise: both models answered every test row (the champion over
+    # HTTP, the challenger from its model directory) and it was ahead in nearly every resample
+    swap = _xcom(swap_run, "deploy", key="decision")
+    assert swap["confidence"] >= swap["min_confidence"] == 0.95
+    assert f"better in {swap['confidence']:.1%}" in swap["reason"]
 
     # 3. A worse model is kept out: the task is skipped and the champion still answers.
     kept_run, state = _deploy("serve_deploy", model=trained["worse"], data=data)
@@ -151,7 +159,7 @@ def test_serve_flow_first_deploy_then_hot_swap_keep_and_rollback(models):
     decision = _xcom(kept_run, "deploy", key="decision")
     assert decision["action"] == "kept_champion"
     assert decision["champion_version"] == trained["better"]["model_version"]
-    assert decision["challenger"] > decision["champion"]
+    assert decision["challenger"] > decision["champion"] and decision["confidence"] < 0.05
     assert _served_version() == trained["better"]["model_version"]
     assert _history()[-1]["action"] == "kept_champion"
     # the deploy's Asset has an event for each promotion and none for the challenger kept out, so

@@ -22,6 +22,7 @@ import requests
 from airflow_ray_ml.hooks.ray import RayHook
 from airflow_ray_ml.serve_rollout import Rollout, live_metrics, verdict
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import TEST_PREDICTIONS_NAME
 from airflow_ray_ml_stages.rollout import RolloutStats, ShareTaker, row_key, row_keys
 from tests.conftest import load_dag, requires_ml_extra, serve_apps_deleted_after_module, xcom
 
@@ -245,6 +246,8 @@ class Load:
     answers: list[tuple[float, int, str | None]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     rollout_seen: list[float] = field(default_factory=list)  # times /rollout was asked and answered 200
+    page_app: str | None = None  # the application whose live trial the Ray ML page is read for, while it runs
+    page_trials: list[str] = field(default_factory=list)  # what the page said of it
     stop: threading.Event = field(default_factory=threading.Event)
 
     def client(self, index: int) -> None:
@@ -268,9 +271,20 @@ class Load:
                 asked = time.time()  # answered after this
                 if requests.get(f"{_endpoint(self.prefix)}/rollout", timeout=10).status_code == 200:
                     self.rollout_seen.append(asked)
+                    self.read_page()
             except requests.RequestException:
                 pass
             time.sleep(0.2)
+
+    def read_page(self) -> None:
+        """What the Ray ML page shows of ``page_app``'s live trial (read as the page reads it)."""
+        if self.page_app is None:
+            return
+        from airflow_ray_ml.plugins import ray_ml
+
+        data = ray_ml.PageData(conn_id=ray_ml.ray_conn_id())
+        ray_ml.load_serve(data)
+        self.page_trials += [app.trial for app in data.apps if app.name == self.page_app and app.trial]
 
     def __enter__(self) -> Load:
         self.threads = [threading.Thread(target=self.client, args=(i,)) for i in range(CLIENTS)]
@@ -304,7 +318,8 @@ def _deploy(dag_id: str, **conf):
 
 def _failing(model: dict, version: str) -> dict:
     """A copy of ``model`` that loads but fails every prediction (its card names a feature no row has),
-    with a test metric that passes any gate."""
+    with a test metric that passes any gate: without its answers to the test rows, the gate compares
+    that metric plainly."""
     failing_dir = f"{model['model_dir']}-{version}"
     shutil.copytree(model["model_dir"], failing_dir, dirs_exist_ok=True)
     card_path = os.path.join(failing_dir, "model_card.json")
@@ -313,6 +328,7 @@ def _failing(model: dict, version: str) -> dict:
     card.update(model_version=version, feature_columns=[*card["feature_columns"], "no such feature"])
     with open(card_path, "w") as handle:
         json.dump(card, handle)
+    os.remove(os.path.join(failing_dir, TEST_PREDICTIONS_NAME))
     return {**model, "model_dir": failing_dir, "model_version": version, "metrics": {"test": {"rmse": 0.01}}}
 
 
@@ -331,7 +347,7 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
     _, state = _deploy("serve_rollout", model=good, data=data)
     assert state in ("success", "skipped")  # skipped: the canary test served it first
     assert _served_version("/rollout") == good["model_version"]
-    with Load("/rollout", rows) as load:
+    with Load("/rollout", rows, page_app="wine-rollout") as load:
         before = _champion_replicas("wine-rollout")
         dag_run, state = _deploy("serve_rollout", model=better, data=data, rollout="shadow", labels=label_file)
         time.sleep(1)
@@ -353,6 +369,10 @@ def test_shadow_under_load_serves_only_the_champion_compares_and_promotes(traine
     assert load.answers[-1][2] == better["model_version"]
 
     assert entry["action"] == "promoted" and entry["challenger_version"] == better["model_version"]
+    # while it ran, the Ray ML page showed the trial with what it had seen so far
+    trial = f"shadow of {better['model_version']} beside {good['model_version']} since {entry['rollout']['started_at']}"
+    assert any(text.startswith(trial) and " of 300 rows for the verdict; shadow 100%, " in text and " rows compared, " in text
+               for text in load.page_trials), load.page_trials[-3:]
     shadow = entry["rollout"]
     assert shadow["mode"] == "shadow" and shadow["share"] == 1.0
     assert shadow["compared_rows"] >= 300 and shadow["challenger"]["failures"] == 0
@@ -509,7 +529,7 @@ def _deploy_answered(approver, chosen: str, reason: str = "", **conf):
 
 
 @pytest.mark.integration
-def test_approval_approve_promotes_and_reject_keeps_the_champion_with_the_reason(trained_models, approver):
+def test_approval_approve_promotes_and_reject_keeps_the_champion_with_the_reason(trained_models, approver, tmp_path):
     models, data = trained_models.models, trained_models.data
     good, better = models["good"], models["better"]
 
@@ -532,7 +552,21 @@ def test_approval_approve_promotes_and_reject_keeps_the_champion_with_the_reason
     assert xcom(dag_run, "deploy", key="decision")["reason"] == entry["reason"]
     assert _served_version("/approval") == good["model_version"]
 
-    _, state, _ = _deploy_answered(approver, "Approve", model=better, data=data)
+    _, state, _ = _deploy_answered(approver, "Approve", reason="checked on the orders of last week", model=better, data=data)
     assert state == "success"
     assert _served_version("/approval") == better["model_version"]
     assert _history("wine-approval")[-1]["approval"]["by"] == "ana"
+
+    # what the approver typed is on the Ray ML page, in a browser signed in as ana
+    from tests.plugins.test_ray_ml_page import CHROMIUM, dom_signed_in
+
+    if CHROMIUM is None:
+        pytest.skip("no chromium binary for the page's browser check (CI's .ci/run installs one)")
+    from airflow_ray_ml.plugins import ray_ml
+
+    base, headers = approver
+    html = dom_signed_in(f"{base}{ray_ml.URL_PREFIX}/", headers["Authorization"].removeprefix("Bearer "),
+                         str(tmp_path / "profile"))
+    section = html[html.index('data-history-app="wine-approval"'):]
+    section = section[:section.index("</section>")]
+    assert '<td class="approval">approved by ana: checked on the orders of last week</td>' in section, section[:3000]

@@ -20,7 +20,7 @@ from airflow_ray_ml_stages.models import load_model
 from airflow_ray_ml_stages.preprocessor import input_types_of
 from airflow_ray_ml_stages.specs import TrainResult, TrainSpec
 from airflow_ray_ml_stages.train.finish import baseline_metrics
-from airflow_ray_ml_stages.train.run_dir import write_split_evaluation
+from airflow_ray_ml_stages.train.run_dir import write_split_evaluation, write_test_predictions
 from airflow_ray_ml_stages.train.splits import label_stats, read_split
 
 log = logging.getLogger("airflow_ray_ml_stages.train")
@@ -46,6 +46,7 @@ def run_assembly(spec: TrainSpec, started: float) -> TrainResult:
         write_split_evaluation(spec.artifact_dir, split, y, predicted)
         metrics[split] = task_metrics(spec.task, y, predicted)
         test_labels = y
+    write_test_predictions(model_dir, spec.task, test_labels, predicted)
     baseline = baseline_metrics(test_labels, label_mean, class_priors)
     reason = f"an ensemble of {len(listed)} trained models: assembled from their directories, nothing trains"
     compute_used = {"use_gpu": False, "accelerator": "cpu", "device": "cpu", "num_workers": 0, "local_mode": True,

@@ -24,7 +24,8 @@ from airflow_ray_ml_stages.models import PREPROCESSOR
 from airflow_ray_ml_stages.preprocessor import input_types_of
 from airflow_ray_ml_stages.specs import ComputeSpec, TrainResult, TrainSpec
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
-from airflow_ray_ml_stages.train.run_dir import read_evaluation, read_final, run_name, worker_record_uris
+from airflow_ray_ml_stages.train.run_dir import (read_evaluation, read_final, run_name, worker_record_uris,
+                                                 write_test_predictions)
 
 log = logging.getLogger("airflow_ray_ml_stages.train")
 
@@ -66,7 +67,8 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
     for split in ("validation", "test"):
         labels, predictions = read_evaluation(spec.artifact_dir, split)
         metrics[split] = task_metrics(task, labels, predictions)
-    test_labels, _ = read_evaluation(spec.artifact_dir, "test")
+    test_labels, test_predictions = labels, predictions
+    write_test_predictions(model_dir, task, test_labels, test_predictions)
     baseline = baseline_metrics(test_labels, label_mean, loop_config.class_priors)
     worker_records = [artifacts.read_json(f"{uri}") for uri in worker_record_uris(spec.artifact_dir)]
     worker_starts = len(worker_records)

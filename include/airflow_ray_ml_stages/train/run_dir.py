@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import platform
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from airflow_ray_ml_stages import artifacts
+from airflow_ray_ml_stages.constants import TEST_PREDICTIONS_NAME
 from airflow_ray_ml_stages.train.loop_config import TrainLoopConfig
 
 
@@ -45,6 +47,14 @@ def write_split_evaluation(artifact_dir: str, split: str, labels: np.ndarray, pr
     buffer = io.BytesIO()
     np.savez(buffer, y_true=labels.astype(np.float64), y_pred=predictions.astype(np.float64))
     artifacts.write_bytes_atomic(artifacts.join(artifact_dir, EVALUATION_DIR, f"{split}.npz"), buffer.getvalue())
+
+
+def write_test_predictions(model_dir: str, task: str, labels: np.ndarray, predictions: np.ndarray) -> None:
+    """The model's answer to each test row, beside its card (``TEST_PREDICTIONS_NAME``), for the deploy gate."""
+    kept = {"task": task, "labels": np.asarray(labels, dtype=np.float64).tolist(),
+            "predictions": np.asarray(predictions, dtype=np.float64).round(7).tolist()}
+    artifacts.write_bytes_atomic(artifacts.join(model_dir, TEST_PREDICTIONS_NAME),
+                                 json.dumps(kept, separators=(",", ":")).encode())
 
 
 def write_final(cfg: TrainLoopConfig, final: dict[str, Any]) -> None:
