@@ -59,7 +59,7 @@ from airflow_ray_ml.plugins.ray_ml_runs import (
     stage_jobs,
     valid_submission_id,
 )
-from airflow_ray_ml.plugins.ray_ml_serving import ServingHistory, artifact_root, read_history
+from airflow_ray_ml.plugins.ray_ml_serving import ServingHistory, artifact_root, read_history, read_trial
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.constants import TASK_METRICS
 from airflow_ray_ml_stages.model_card import ModelCard
@@ -132,6 +132,9 @@ class ServedApp:
     card_error: str | None = None
     dashboard_link: str = ""
     history: ServingHistory | None = None
+    # the live trial its config carries ({"mode", "share", "challenger_version"}), and what it has seen so far
+    rollout: dict[str, Any] | None = None
+    trial: str = ""
     # the drift reports of the files its models (this one and those its history served) scored
     drift: list[DriftRun] = field(default_factory=list)
 
@@ -184,6 +187,7 @@ def _served_app(name: str, app: dict[str, Any], serve_url: str, dashboard_url: s
         replicas_target=live.get("target_num_replicas"),
         message=str(app.get("message") or live.get("message") or ""),
         dashboard_link=f"{dashboard_url}/#/serve/applications/{name}",
+        rollout=user_config.get("rollout") if isinstance(user_config.get("rollout"), dict) else None,
     )
     if served.model_dir:
         try:
@@ -228,6 +232,8 @@ def load_histories(data: PageData) -> None:
         return
     for served in data.apps:
         served.history = read_history(root, served.name)
+        if served.rollout:
+            served.trial = read_trial(root, served.name, served.rollout)
 
 
 def public_job_url(data: PageData, job_url: str | None) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from airflow_ray_ml.job_status import base_submission_id
+from airflow_ray_ml.job_status import dag_prefix, is_task_runs_id
 from airflow_ray_ml.links.ray import RAY_JOB_XCOM_KEY
 from airflow_ray_ml.plugins.decision_notes import FAILURE_XCOM_KEY
 from airflow_ray_ml_stages import artifacts
@@ -320,17 +320,11 @@ def valid_submission_id(submission_id: str) -> bool:
     return bool(_SUBMISSION_ID.fullmatch(submission_id or ""))
 
 
-def _dag_prefix(dag_id: str) -> str:
-    """How every submission id of ``dag_id``'s tasks starts (``airflow-<dag slug>-``)."""
-    # the id of an empty task is "airflow-<dag slug>-x-<hash>": cut the last two parts
-    return base_submission_id(dag_id, "", "", -1).rsplit("-", 2)[0] + "-"
-
-
 def find_stage_job(session, dag_ids: set[str], submission_id: str) -> StageJob | None:
     """The stage job ``submission_id`` if a ``ray_job`` XCom of a DAG in ``dag_ids`` names it, else None.
 
-    Submission ids are ``base_submission_id(dag, run, task, map_index)`` (plus ``-rN`` for a later
-    attempt), which starts with the DAG's slug and ends with a hash of all four ids: the DAGs are
+    Submission ids are ``base_submission_id(dag, run, task, map_index, name)`` (plus ``-rN`` for a
+    later attempt), which starts with the DAG's slug and ends with a hash of the four ids: the DAGs are
     narrowed by the slug, the XCom rows (keys only) by the hash, and only the matching row's value
     is decoded and must name this very id.
     """
@@ -341,7 +335,7 @@ def find_stage_job(session, dag_ids: set[str], submission_id: str) -> StageJob |
     if not dag_ids or not valid_submission_id(submission_id):
         return None
     base = _ATTEMPT_SUFFIX.sub("", submission_id)
-    candidates = sorted(dag_id for dag_id in dag_ids if base.startswith(_dag_prefix(dag_id)))
+    candidates = sorted(dag_id for dag_id in dag_ids if base.startswith(dag_prefix(dag_id)))
     if not candidates:
         return None
     keys = session.execute(
@@ -349,7 +343,7 @@ def find_stage_job(session, dag_ids: set[str], submission_id: str) -> StageJob |
         .where(XComModel.key == RAY_JOB_XCOM_KEY, XComModel.dag_id.in_(candidates))
     ).all()
     for dag_id, run_id, task_id, map_index in keys:
-        if base_submission_id(dag_id, run_id, task_id, map_index) != base:
+        if not is_task_runs_id(base, dag_id, run_id, task_id, map_index):
             continue
         ref = TuneRunRef(dag_id, run_id, task_id, map_index)
         job = _stage_job(dag_id, run_id, task_id, map_index, _xcom_values(session, ref, (RAY_JOB_XCOM_KEY,))

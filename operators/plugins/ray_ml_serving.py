@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_ray_ml.serve_history import history_uri, serving_dir
+from airflow_ray_ml.serve_history import history_uri, serving_dir, trial_uri
 from airflow_ray_ml_stages import artifacts
 
 # Entries shown per application: the newest ones; the file itself keeps them all.
@@ -126,6 +126,32 @@ def live_trial_text(rollout: Any) -> str:
         if isinstance(mine, (int, float)) and isinstance(theirs, (int, float)):
             parts.append(f"live {live.get('metric')} {mine:.4f} vs {theirs:.4f} on {live['rows']} labelled rows")
     return ", ".join(parts)
+
+
+def trial_progress_text(rollout: dict[str, Any], record: Any) -> str:
+    """The live trial the application's config carries (``rollout``: mode, share, challenger version),
+    with what its deploy last kept of it (``record``, ``serve_history.trial_uri``) where that is this
+    trial's: "shadow 100% of <version> beside <champion> since …: 120 of 300 rows compared, …"."""
+    version, mode = rollout.get("challenger_version") or "?", rollout.get("mode") or "trial"
+    if not isinstance(record, dict) or record.get("challenger_version") != version:
+        return f"{mode} of {version} starting: no statistics yet"
+    stats = record.get("stats") if isinstance(record.get("stats"), dict) else {}
+    seen = live_trial_text({**stats, "mode": mode, "share": record.get("share")})
+    done = stats.get("compared_rows") if mode == "shadow" else (stats.get("challenger") or {}).get("rows")
+    head = f"{mode} of {version} beside {record.get('champion_version') or '?'} since {record.get('started_at', '?')}"
+    ends = f"the verdict by {record['ends_by']} at the latest" if record.get("ends_by") else "its replica starting"
+    return (f"{head}: {_count(done)} of {_count(record.get('rows_wanted'))} rows for the verdict; {seen} "
+            f"(as of {record.get('updated_at', '?')}; {ends})")
+
+
+def read_trial(root: str | None, app_name: str, rollout: dict[str, Any]) -> str:
+    """:func:`trial_progress_text` for the application's live trial, its record read from the serving directory."""
+    try:
+        uri = trial_uri(serving_dir(root, app_name))
+        record = artifacts.read_json(uri) if artifacts.exists(uri) else None
+    except Exception as err:  # shown, never an error of the page
+        return f"{rollout.get('mode') or 'trial'} of {rollout.get('challenger_version') or '?'}: its progress cannot be read: {err}"
+    return trial_progress_text(rollout, record)
 
 
 def approval_text(approval: Any) -> str:

@@ -13,6 +13,7 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 import time
 import zlib
 from datetime import datetime, timedelta, timezone
@@ -156,6 +157,26 @@ def test_history_shows_each_decisions_live_trial_and_who_answered_its_approval(t
     assert '<td class="approval">approved by ana: as agreed</td>' in html and '<td class="approval">rejected by bo</td>' in html
 
 
+def test_a_live_trial_in_progress_shows_what_its_deploy_last_kept_of_it_and_only_if_it_is_this_trial():
+    from airflow_ray_ml.plugins.ray_ml_serving import trial_progress_text
+
+    rollout = {"mode": "canary", "share": 0.1, "challenger_version": "v2"}
+    record = {"mode": "canary", "share": 0.1, "challenger_version": "v2", "champion_version": "v1",
+              "started_at": "2026-12-07T10:00:00.000+00:00", "rows_wanted": 300, "ends_by": "2026-12-07T10:10:00+00:00",
+              "updated_at": "2026-12-07T10:01:00.000+00:00",
+              "stats": {"challenger": {"rows": 42, "requests": 40, "failures": 1, "answer_ms": {"p50": 3.0}},
+                        "champion": {"answer_ms": {"p50": 2.0}}}}
+    text = trial_progress_text(rollout, record)
+    assert text.startswith("canary of v2 beside v1 since 2026-12-07T10:00:00.000+00:00: 42 of 300 rows for the verdict; "
+                           "canary 10%, 42 rows answered, failed 1 of 40 requests, answer time 3.0 ms vs 2.0 ms")
+    assert text.endswith("(as of 2026-12-07T10:01:00.000+00:00; the verdict by 2026-12-07T10:10:00+00:00 at the latest)")
+    # a record left by an earlier trial, or none yet: the trial the config carries, without numbers
+    assert trial_progress_text(rollout, {**record, "challenger_version": "v1"}) == "canary of v2 starting: no statistics yet"
+    assert trial_progress_text(rollout, None) == "canary of v2 starting: no statistics yet"
+    starting = trial_progress_text(rollout, {**record, "stats": {}, "ends_by": None})
+    assert ": 0 of 300 rows for the verdict; " in starting and starting.endswith("; its replica starting)")
+
+
 def test_history_that_is_missing_or_unreadable_becomes_a_sentence(tmp_path):
     missing = read_history(str(tmp_path), "nothing-here")
     assert missing.entries == [] and "No deploy has recorded a decision" in missing.error
@@ -283,6 +304,37 @@ def _dom(url: str, profile: str) -> str:
     dom = _chromium(url, profile, "--dump-dom", "--virtual-time-budget=5000")
     assert dom.returncode == 0, dom.stderr[-2000:]
     return dom.stdout
+
+
+def dom_signed_in(url: str, token: str, profile: str) -> str:
+    """:func:`_dom` of ``url`` for the user whose Airflow JWT is ``token``, signed in as the UI signs in:
+    its ``_token`` cookie. A page on another port of the same host sets it (a cookie is the host's,
+    whatever the port) and goes on to ``url``."""
+    import http.server
+
+    host = url.split("/")[2].split(":")[0]
+    hop = (f"<script>document.cookie = '_token={token}; path=/'; location.replace({json.dumps(url)});</script>")
+
+    class SetCookie(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = hop.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, 0), SetCookie)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        return _dom(f"http://{host}:{server.server_address[1]}/", profile)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary: install Debian's `chromium` "
