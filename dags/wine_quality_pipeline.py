@@ -58,6 +58,7 @@ from airflow_ray_ml.gpu_probe import GPUProbeOperator
 from airflow_ray_ml.ray_data import RayDataPreprocessOperator
 from airflow_ray_ml.ray_job import RayJobOperator
 from airflow_ray_ml.ray_serve import RayServeDeployOperator
+from airflow_ray_ml.serve_gate import DEFAULT_MIN_CONFIDENCE
 from airflow_ray_ml.serve_rollout import ROLLOUTS, Rollout
 from airflow_ray_ml.serve_schema import DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES
 from airflow_ray_ml.ray_train import RayTrainOperator
@@ -140,7 +141,8 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    # every Ray job's id names the label it trains for: airflow-wine-quality-pipeline-<label>-<task>-<hash>
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=30), "job_name": "{{ params.label_column }}"},
     params={
         # No section: Airflow's trigger form opens these (its default section); the named sections
         # below start collapsed.
@@ -249,6 +251,11 @@ with DAG(
         "min_improvement": Param(0.0, type="number", minimum=0, title="Minimum improvement", section="Deploy",
                                  description="How much better the test metric (RMSE, or log loss for "
                                              "classification) must be to replace the served model"),
+        "min_confidence": Param(DEFAULT_MIN_CONFIDENCE, type="number", minimum=0, exclusiveMaximum=1,
+                                title="Confidence the model is better", section="Deploy",
+                                description="The share of resamples of the test rows in which the new model must "
+                                            "beat the served one (a paired bootstrap: a difference within the "
+                                            "rows' noise keeps the served model). 0: any better metric promotes"),
         "require_gpu": Param(False, type="boolean", title="Require a GPU", section="Compute",
                              description="Fail instead of falling back to CPU"),
         "accelerator": Param(TrainSpec.accelerator, type="string", enum=list(ACCELERATOR_CHOICES), title="Accelerator",
@@ -360,6 +367,7 @@ with DAG(
         data=preprocess.output,  # the test split and the preprocessor that wrote it
         compute=probe.output,
         min_improvement="{{ params.min_improvement }}",
+        min_confidence="{{ params.min_confidence }}",
         on_schema_change="{{ params.on_schema_change }}",
         rollout="{{ params.rollout }}",
         rollout_share="{{ params.rollout_share }}",

@@ -41,15 +41,31 @@ def _slug(value: str, limit: int) -> str:
     return _SLUG.sub("-", value.lower()).strip("-")[:limit] or "x"
 
 
-def base_submission_id(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+def base_submission_id(dag_id: str, run_id: str, task_id: str, map_index: int = -1, name: str | None = None) -> str:
     """A job id that is the same for every try of one task run and differs between task runs.
 
-    Readable parts (dag and task) help in the Ray dashboard; the hash over all four ids makes it
-    unique even when slugs collide or run ids are long.
+    Readable parts (dag, the run's ``name`` where given, such as the label column it trains on, and
+    task) help in the Ray dashboard; the hash over the four ids makes it unique even when slugs
+    collide or run ids are long.
     """
-    digest = hashlib.sha256(f"{dag_id}\x1f{run_id}\x1f{task_id}\x1f{map_index}".encode()).hexdigest()[:16]
+    named = f"{_slug(name, 24)}-" if name else ""
     mapped = "" if map_index < 0 else f"-m{map_index}"
-    return f"airflow-{_slug(dag_id, 40)}-{_slug(task_id, 40)}{mapped}-{digest}"
+    return f"{dag_prefix(dag_id)}{named}{_slug(task_id, 40)}{mapped}-{_task_run_digest(dag_id, run_id, task_id, map_index)}"
+
+
+def dag_prefix(dag_id: str) -> str:
+    """How the id of every job of ``dag_id``'s tasks starts."""
+    return f"airflow-{_slug(dag_id, 40)}-"
+
+
+def _task_run_digest(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+    return hashlib.sha256(f"{dag_id}\x1f{run_id}\x1f{task_id}\x1f{map_index}".encode()).hexdigest()[:16]
+
+
+def is_task_runs_id(base_id: str, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> bool:
+    """Whether ``base_id`` is :func:`base_submission_id` of this task run, with whatever name it was given."""
+    return (base_id.startswith(dag_prefix(dag_id))
+            and base_id.endswith(f"-{_task_run_digest(dag_id, run_id, task_id, map_index)}"))
 
 
 def attempt_id(base_id: str, attempt: int) -> str:

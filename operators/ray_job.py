@@ -94,6 +94,8 @@ class RayJobOperator(BaseOperator):
     :param entrypoint_resources: custom resources reserved for the entrypoint's process.
     :param metadata: more job metadata for the Ray dashboard (text values); the operator's own
         ``airflow_*`` keys (DAG, run, task, map index) are always set. (templated)
+    :param job_name: a word for the job's id in Ray, after the DAG's (the pipeline gives the label
+        column, so a team's jobs read ``airflow-<dag>-<label>-<task>-<hash>``); None: none. (templated)
     :param ray_conn_id: the Airflow connection to the Ray cluster (type ``ray_ml``).
     :param artifact_root: where stages write outputs; default: the connection's artifact root, else
         ``RAYML_ARTIFACT_ROOT``, else ``~/airflow-ray-ml/artifacts``. (templated)
@@ -108,7 +110,8 @@ class RayJobOperator(BaseOperator):
     :param job_timeout_s: stop the job and fail the task after this long.
     """
 
-    template_fields: Sequence[str] = ("stage", "spec", "entrypoint", "artifact_root", "runtime_env", "metadata")
+    template_fields: Sequence[str] = ("stage", "spec", "entrypoint", "artifact_root", "runtime_env", "metadata",
+                                      "job_name")
     template_fields_renderers = {"spec": "json", "runtime_env": "json", "metadata": "json"}
     operator_extra_links = (RayJobLink(), RayJobLogLink())
     ui_color = "#e6f0ff"
@@ -124,6 +127,7 @@ class RayJobOperator(BaseOperator):
         entrypoint_memory: int | None = None,
         entrypoint_resources: dict[str, float] | None = None,
         metadata: dict[str, str] | None = None,
+        job_name: str | None = None,
         ray_conn_id: str = RayHook.default_conn_name,
         artifact_root: str | None = None,
         runtime_env: dict[str, Any] | None = None,
@@ -152,6 +156,7 @@ class RayJobOperator(BaseOperator):
         self.entrypoint_memory = entrypoint_memory
         self.entrypoint_resources = entrypoint_resources
         self.metadata = metadata or {}
+        self.job_name = job_name
         self.ray_conn_id = ray_conn_id
         self.artifact_root = artifact_root
         self.runtime_env = runtime_env or {}
@@ -184,7 +189,7 @@ class RayJobOperator(BaseOperator):
 
     def base_submission_id(self, context: Context) -> str:
         dag_id, run_id, map_index = self._run_keys(context)
-        return base_submission_id(dag_id, run_id, self.task_id, map_index)
+        return base_submission_id(dag_id, run_id, self.task_id, map_index, name=self.job_name or None)
 
     def artifact_dir(self, context: Context) -> str:
         root = self.artifact_root or self.hook.artifact_root or DEFAULT_ARTIFACT_ROOT

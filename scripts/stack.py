@@ -1,8 +1,10 @@
-"""The embedded stack behind `make run` and `make stop`: a local Ray head and `airflow standalone`.
+"""The embedded stack behind `make run` and `make stop`: a local Ray head and Airflow's components.
 
     python scripts/stack.py up        start Ray and Airflow unless already running (PID files)
     python scripts/stack.py trigger   unpause and trigger the wine DAG over the REST API, follow it
     python scripts/stack.py down      stop exactly what `up` started (by session, never by name)
+    python scripts/stack.py airflow   (what `up` starts) Airflow's database migration, then its
+                                      components, until a SIGINT stops them
 
 Everything lives in the project (AIRFLOW_HOME in .airflow/; PID files, logs and the Ray auth token
 in .run/; artifacts in artifacts/) except Ray's temp dir, which socket-path limits keep short: a
@@ -43,8 +45,15 @@ DAG_ID = os.environ.get("DAG_ID", "wine_quality_pipeline")
 SCORING_DAG_ID = "wine_batch_scoring"  # scheduled on the model Asset that DAG_ID's deploy updates
 
 
+# What `airflow standalone` runs, without the log servers that the scheduler (for its LocalExecutor's
+# tasks, 8793) and the triggerer (8794) would start on every interface (Airflow binds them to all of
+# them): the api-server reads task logs from the files they write on this machine.
+AIRFLOW_COMPONENTS = (["api-server"], ["scheduler", "--skip-serve-logs"], ["dag-processor"],
+                      ["triggerer", "--skip-serve-logs"])
+
+
 def airflow_env() -> dict[str, str]:
-    """The environment `airflow standalone` runs with: project-local, loopback-only, low parallelism."""
+    """The environment Airflow's components run with: project-local, loopback-only, low parallelism."""
     venv_bin = os.path.dirname(sys.executable)
     return {
         **os.environ,
@@ -129,7 +138,7 @@ def up(size: list[str] | None = None) -> None:
     if code:
         raise SystemExit(code)
     if _alive(AIRFLOW_PID_FILE):
-        print(f"airflow standalone is already running at {AIRFLOW_URL} (PID {_state(AIRFLOW_PID_FILE)['pid']})")
+        print(f"airflow is already running at {AIRFLOW_URL} (PID {_state(AIRFLOW_PID_FILE)['pid']})")
         return
     try:
         requests.get(f"{AIRFLOW_URL}/api/v2/monitor/health", timeout=2)
@@ -140,24 +149,46 @@ def up(size: list[str] | None = None) -> None:
     AIRFLOW_HOME.mkdir(exist_ok=True)
     with open(RUN_DIR / "airflow.log", "ab") as log:
         process = subprocess.Popen(
-            [os.path.join(os.path.dirname(sys.executable), "airflow"), "standalone"],
+            [sys.executable, str(Path(__file__).resolve()), "airflow"],
             cwd=ROOT, env=airflow_env(), stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
     AIRFLOW_PID_FILE.write_text(json.dumps({"pid": process.pid, "url": AIRFLOW_URL}))
-    print(f"starting airflow standalone (PID {process.pid}); log in {RUN_DIR / 'airflow.log'}")
-    _wait_http(f"{AIRFLOW_URL}/api/v2/monitor/health", 240, "airflow standalone", AIRFLOW_PID_FILE)
+    print(f"starting airflow: {', '.join(args[0] for args in AIRFLOW_COMPONENTS)} (PID {process.pid}); "
+          f"log in {RUN_DIR / 'airflow.log'}")
+    _wait_http(f"{AIRFLOW_URL}/api/v2/monitor/health", 240, "airflow", AIRFLOW_PID_FILE)
     print(f"airflow is up at {AIRFLOW_URL}")
+
+
+def run_airflow() -> int:
+    """Migrate Airflow's database, then run ``AIRFLOW_COMPONENTS`` until a SIGINT (or SIGTERM), which
+    each of them gets in turn, as `airflow standalone` does; `up` starts this as its session's leader."""
+    airflow = os.path.join(os.path.dirname(sys.executable), "airflow")
+    migrated = subprocess.run([airflow, "db", "migrate"], stdin=subprocess.DEVNULL)
+    if migrated.returncode:
+        return migrated.returncode
+    components = [subprocess.Popen([airflow, *args], stdin=subprocess.DEVNULL) for args in AIRFLOW_COMPONENTS]
+
+    def stop(signum: int, _frame: object) -> None:
+        for component in components:
+            if component.poll() is None:
+                component.send_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    for component in components:
+        component.wait()
+    return 0
 
 
 def down() -> None:
     state = _state(AIRFLOW_PID_FILE)
     if state and localcluster.session_pids(int(state["pid"])):
-        # standalone shuts its components down on Ctrl-C (SIGINT); SIGTERM would leave them running
+        # run_airflow hands the SIGINT on to each component, which shuts down cleanly on it
         killed = localcluster.stop_session(int(state["pid"]), grace_s=30, sig=signal.SIGINT)
-        print(f"stopped airflow standalone (PID {state['pid']}; {killed} process(es) needed SIGKILL)")
+        print(f"stopped airflow (PID {state['pid']}; {killed} process(es) needed SIGKILL)")
     else:
-        print("no airflow standalone of ours is running")
+        print("no airflow of ours is running")
     AIRFLOW_PID_FILE.unlink(missing_ok=True)
     localcluster.main(["stop", "--pid-file", str(RAY_PID_FILE)])
 
@@ -175,7 +206,7 @@ class AirflowClient:
         deadline = time.monotonic() + timeout_s
         while not PASSWORD_FILE.exists():
             if time.monotonic() > deadline:
-                raise SystemExit(f"{PASSWORD_FILE} was not written; is airflow standalone running?")
+                raise SystemExit(f"{PASSWORD_FILE} was not written; is airflow's api-server running?")
             time.sleep(1)
         username, password = next(iter(json.loads(PASSWORD_FILE.read_text()).items()))
         response = requests.post(f"{AIRFLOW_URL}/auth/token", json={"username": username, "password": password},
@@ -594,7 +625,7 @@ def check_label(conf: dict, default_label: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python scripts/stack.py")
-    parser.add_argument("command", choices=("up", "trigger", "down"))
+    parser.add_argument("command", choices=("up", "trigger", "down", "airflow"))
     parser.add_argument("--conf", default="{}", help="DAG run conf (JSON) for trigger")
     parser.add_argument("--source", default="",
                         help="your data instead of the demo: path(s) or URL(s), comma-separated")
@@ -606,6 +637,8 @@ def main() -> int:
     parser.add_argument("--ray-cpus", default="", help="CPUs the local Ray head advertises (default: what Ray detects)")
     parser.add_argument("--ray-gpus", default="", help="GPUs the local Ray head advertises (default: what Ray detects)")
     args = parser.parse_args()
+    if args.command == "airflow":
+        return run_airflow()
     if args.command == "up":
         up(cluster_size(args.ray_cpus, args.ray_gpus))
     elif args.command == "down":

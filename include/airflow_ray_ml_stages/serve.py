@@ -484,6 +484,37 @@ def rollout_of(config: dict[str, Any]) -> dict[str, Any] | None:
     return {"mode": mode, "share": float(share), "challenger_version": str(rollout.get("challenger_version") or "")}
 
 
+def bind_replica_grpc_to_the_node() -> None:
+    """Have this replica's inter-deployment gRPC server listen on its node's address, not on every interface.
+
+    Ray Serve 2.60's replica binds that server to ``[::]:0`` when it has started, once its
+    deployment's constructor has run (``ray.serve._private.replica``). The port is reported to the
+    controller with the replica's node address, which is where other nodes reach it: the node's
+    address (127.0.0.1 on the local stack) serves every caller, and a laptop's cluster is not
+    offered to its network. Called by each deployment's constructor; where Ray's code differs (no
+    such helper), nothing changes. docs/deployment.md#listening-sockets.
+    """
+    try:
+        from ray.serve._private import replica
+    except ImportError:
+        return
+    original = getattr(replica, "add_port_to_grpc_server", None)
+    if original is None or getattr(original, "binds_to_the_node", False):
+        return
+    import ray
+
+    node_ip = ray.util.get_node_ip_address()
+    host = f"[{node_ip}]" if ":" in node_ip else node_ip
+
+    def add_port_on_the_node(server: Any, address: str) -> int:
+        if address.startswith("[::]:"):
+            address = f"{host}:{address.rsplit(':', 1)[1]}"
+        return original(server, address)
+
+    add_port_on_the_node.binds_to_the_node = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port_on_the_node
+
+
 def build_app(args: dict[str, Any]):
     """Serve application builder: ``args`` may carry ``api_key_sha256``."""
     from fastapi import FastAPI, Request
@@ -516,6 +547,7 @@ def build_app(args: dict[str, Any]):
         """The model tried beside the champion, and the record of how both answered (:class:`RolloutStats`)."""
 
         def __init__(self) -> None:
+            bind_replica_grpc_to_the_node()
             self._model: LoadedModel | None = None
             self._stats: RolloutStats | None = None
 
@@ -580,6 +612,7 @@ def build_app(args: dict[str, Any]):
     @serve.ingress(api)
     class ModelServer:
         def __init__(self, api_key_sha256: str | None = None, challenger: Any = None) -> None:
+            bind_replica_grpc_to_the_node()
             self._api_key_sha256 = api_key_sha256 or None
             self._model: LoadedModel | None = None
             self._challenger = challenger  # the Challenger deployment's handle

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_ray_ml.job_status import Action, RayJobStatus, attempt_id, base_submission_id, decide
+from airflow_ray_ml.job_status import Action, RayJobStatus, attempt_id, base_submission_id, decide, is_task_runs_id
 
 BASE = base_submission_id("wine", "manual__2026-01-01T00:00:00+00:00", "train")
 
@@ -33,6 +33,19 @@ def test_base_submission_id_colliding_slugs_still_differ():
 def test_base_submission_id_is_url_safe():
     weird = base_submission_id("Dag With Spaces/Slash", "scheduled__2026-01-01T00:00:00+00:00", "ta sk")
     assert all(ch.isalnum() or ch == "-" for ch in weird)
+
+
+def test_a_named_id_reads_dag_name_task_and_is_still_the_task_runs_id():
+    run = "manual__2026-01-01T00:00:00+00:00"
+    named = base_submission_id("wine_quality_pipeline", run, "train", name="Sale Price")
+    assert named.startswith("airflow-wine-quality-pipeline-sale-price-train-")
+    # the name is for people: the hash is the task run's, so the page finds the job by it either way
+    assert named.rsplit("-", 1)[1] == base_submission_id("wine_quality_pipeline", run, "train").rsplit("-", 1)[1]
+    assert is_task_runs_id(named, "wine_quality_pipeline", run, "train")
+    assert is_task_runs_id(base_submission_id("wine_quality_pipeline", run, "train"), "wine_quality_pipeline", run, "train")
+    assert not is_task_runs_id(named, "wine_quality_pipeline", run, "tune")
+    assert not is_task_runs_id(named, "wine_quality_pipeline", "manual__2026-01-02T00:00:00+00:00", "train")
+    assert not is_task_runs_id(named, "wine_quality", run, "train")
 
 
 def test_attempt_ids_number_from_the_base():

@@ -199,3 +199,55 @@ def test_the_leaderboard_report_shows_an_ensemble_by_its_members(tmp_path, capsy
     assert ensemble.endswith("a_00001 (xgboost) x 0.67, a_00003 (linear, 3 folds) x 0.33"), ensemble
     assert next(line for line in lines if "extra_trees" in line).split()[:3] == ["2", "extra_trees", "standard"]
 
+
+
+@pytest.mark.integration
+def test_airflow_as_make_run_starts_it_listens_on_loopback_only_and_stops_on_one_sigint(tmp_path):
+    """`up` runs `stack.py airflow` as its session's leader: the database migrated, then the components
+    `airflow standalone` runs, without the log servers Airflow binds on every interface (8793, 8794).
+    Here on a database of its own and an empty DAG folder, on free ports."""
+    import signal
+    import time
+
+    from scripts import localcluster
+    from tests.test_localcluster import _cmdline, _listening_beyond_loopback, _running
+
+    port = localcluster.free_port()
+    home, dags = tmp_path / "home", tmp_path / "dags"
+    home.mkdir(), dags.mkdir()
+    env = {key: value for key, value in stack.airflow_env().items()
+           if not key.startswith("AIRFLOW__DATABASE") and key != "AIRFLOW_CONN_RAY_DEFAULT"}
+    env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__DAGS_FOLDER=str(dags), AIRFLOW__API__PORT=str(port),
+               AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+               AIRFLOW__CORE__PARALLELISM="1",
+               AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+               AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(localcluster.free_port()),
+               AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(localcluster.free_port()))
+    log_path = tmp_path / "airflow.log"
+    with open(log_path, "wb") as log:
+        leader = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "stack.py"), "airflow"], env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert leader.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        session = localcluster.session_pids(leader.pid)
+        commands = [_cmdline(pid) for pid in session]
+        for component in ("api-server", "scheduler", "dag-processor", "triggerer"):  # by command or process title
+            assert any(f"airflow {name}" in command for command in commands
+                       for name in (component, component.replace("-", "_"))), commands
+        time.sleep(10)  # the scheduler and the triggerer would have bound their log servers by now
+        session = localcluster.session_pids(leader.pid)
+        assert _listening_beyond_loopback(session) == set()
+        assert not any(_cmdline(pid).startswith("airflow serve-logs") for pid in session)  # its process title
+    finally:
+        killed = localcluster.stop_session(leader.pid, grace_s=60, sig=signal.SIGINT)
+    assert killed == 0 and _running(session) == [], [_cmdline(pid) for pid in _running(session)]
