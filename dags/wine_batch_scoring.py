@@ -23,7 +23,9 @@ carries the model's directory, version and test metrics; this DAG scores with ex
 * ``retraining`` and ``retrain``: where the file has drifted, the run that trained and promoted the
   scored model runs again: the same DAG with the same Params (its source, label, task, rollout and
   approval), which the deploy kept with the model (``airflow_ray_ml.drift_retrain``). Its note says
-  which drift started it. A model whose run was not kept starts nothing; ``retraining`` says so.
+  which drift started it; the ``retrain_with`` Param's files of labelled rows (under the allowed
+  sources) are read after the model's own source. A model whose run was not kept starts nothing;
+  ``retraining`` says so.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ with DAG(
                        description="The file (or directory) to score: CSV or Parquet, local, s3:// or gs://, "
                                    "under the allowed sources (the artifact root's data folder, and the "
                                    "ray_default connection's allowed_sources). Empty: generated new wines"),
+        "retrain_with": Param(None, type=["null", "array"], items={"type": "string"}, title="New labelled data",
+                              description="Files of labelled rows (the served model's columns and its label) "
+                                          "that a retraining this run's drift starts reads after the model's own "
+                                          "source, one per line, under the allowed sources. Empty: the model's "
+                                          "own source only"),
         "new_rows": Param(1000, type="integer", minimum=1, maximum=10_000_000,
                           description="Rows of generated new wines when no input is given"),
         "new_seed": Param(2026, type="integer", minimum=0, description="Seed of the generated new wines"),
@@ -140,12 +147,14 @@ with DAG(
 
     @task(doc_md="Where the file drifted: the DAG and Params of the run that trained the scored model, to run "
                  "again; skipped, with the reason, otherwise.")
-    def retraining(scored: dict, model: dict, run_id=None) -> dict:
+    def retraining(scored: dict, model: dict, run_id=None, params: dict | None = None) -> dict:
         from airflow_ray_ml.compat import AirflowSkipException
         from airflow_ray_ml.drift_retrain import retraining_run
         from airflow_ray_ml.hooks.ray import RayHook
 
-        plan, why = retraining_run(scored, model, RayHook().artifact_root, run_id, PIPELINE)
+        # a person's paths: only under the allowed sources, refused before any run reads them
+        new_data = confine_sources([line.strip() for line in (params or {}).get("retrain_with") or [] if line.strip()])
+        plan, why = retraining_run(scored, model, RayHook().artifact_root, run_id, PIPELINE, new_data)
         logging.getLogger(__name__).info("%s", why)
         if plan is None:
             raise AirflowSkipException(why)

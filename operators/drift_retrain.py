@@ -24,11 +24,16 @@ RUN_ID_PREFIX = "drift__"
 
 
 def retraining_run(manifest: dict[str, Any], model: dict[str, Any], artifact_root: str | None,
-                   scoring_run_id: str, dag_id: str) -> tuple[dict[str, Any] | None, str]:
+                   scoring_run_id: str, dag_id: str, new_data: list[str] | None = None) -> tuple[dict[str, Any] | None, str]:
     """What to run for a scoring ``manifest`` (the score task's XCom) of the served ``model`` (its
     ``app`` and ``model_version``): ``({"conf", "run_id", "note"}, why)`` for a run of ``dag_id``,
     or ``(None, why not)`` when the file did not drift, the model's run was not kept, or another
-    DAG trained it."""
+    DAG trained it.
+
+    ``new_data``: files of labelled rows (already confined to the allowed sources) that the run reads
+    after the model's own ``source``; a model trained on generated demo data (no ``source``) is not
+    retrained with them, since the run would read them alone.
+    """
     drift = manifest.get("drift") or {}
     version = manifest.get("model_version") or model.get("model_version")
     if drift.get("verdict") != "drift":
@@ -43,10 +48,19 @@ def retraining_run(manifest: dict[str, Any], model: dict[str, Any], artifact_roo
         return None, (f"no retraining: model {version} was trained by DAG {record['dag_id']!r}, and this task "
                       f"retrains {dag_id!r}; retrain it from a DriftRetrainOperator whose trigger_dag_id is "
                       f"{record['dag_id']!r}")
+    conf = dict(record.get("params") or {})
+    added = ""
+    if new_data:
+        if not conf.get("source"):
+            return None, (f"no retraining: model {version} was trained on generated demo data (its run had no "
+                          f"`source`), so the new data {new_data} would be read alone; retrain it on a table of "
+                          "yours first")
+        conf["source"] = [*conf["source"], *(path for path in new_data if path not in conf["source"])]
+        added = f", plus the new rows of {', '.join(new_data)}"
     note = (f"{STARTED_BY}{drift.get('reason')} in {manifest.get('input_uri')} (model {version}; scoring run "
             f"{scoring_run_id}), with the source and settings of {record['dag_id']} run {record['run_id']}, "
-            "which trained it")
-    return ({"conf": dict(record.get("params") or {}),
+            f"which trained it{added}")
+    return ({"conf": conf,
              "run_id": f"{RUN_ID_PREFIX}{scoring_run_id}", "note": note[:MAX_NOTE_CHARS]},
             f"retraining {record['dag_id']} with the Params of run {record['run_id']}")
 

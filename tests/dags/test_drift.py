@@ -147,3 +147,29 @@ def test_a_retraining_of_a_teams_table_reads_its_source_and_label_and_asks_for_a
     rendered = {task.task_id: task for task in pipeline.tasks}
     assert rendered["deploy"].approval == "{{ params.approval }}" and dag_run.conf["approval"] is True
     assert rendered["preprocess"].label_column == "{{ params.label_column }}" and dag_run.conf["label_column"] == "grade"
+
+
+def test_new_labelled_data_is_read_after_the_served_models_own_source_and_not_alone(tmp_path):
+    """The scoring DAG's ``retrain_with``: the retraining reads the model's own files, then the new
+    ones, and says so in its note; for a model of the generated demo data it starts nothing."""
+    from airflow_ray_ml.drift_retrain import retraining_run
+    from airflow_ray_ml.serve_history import run_record_uri
+
+    root = str(tmp_path / "artifacts")
+    manifest = {"drift": {"verdict": "drift", "reason": "drift in sqm (PSI 0.41)"}, "model_version": "v7",
+                "input_uri": "/data/rent/june.csv"}
+    params = {"source": ["/data/rent/2025.csv"], "label_column": "rent", "approval": True}
+    for app, kept in (("rent", params), ("demo", {**params, "source": None})):
+        artifacts.write_json_atomic(run_record_uri(serving_dir(root, app), "v7"),
+                                    {"dag_id": "wine_quality_pipeline", "run_id": "manual__1", "params": kept})
+    new = ["/data/rent/2026-q1.csv", "/data/rent/2025.csv"]  # a file the model already read is read once
+    plan, why = retraining_run(manifest, {"app": "rent", "model_version": "v7"}, root, "scored__1",
+                               "wine_quality_pipeline", new)
+    assert plan["conf"] == {**params, "source": ["/data/rent/2025.csv", "/data/rent/2026-q1.csv"]}
+    assert plan["note"].endswith("which trained it, plus the new rows of /data/rent/2026-q1.csv, /data/rent/2025.csv")
+    assert plan["run_id"] == f"{RUN_ID_PREFIX}scored__1"
+    plain, _ = retraining_run(manifest, {"app": "rent", "model_version": "v7"}, root, "scored__1", "wine_quality_pipeline")
+    assert plain["conf"] == params and "new rows" not in plain["note"]
+    plan, why = retraining_run(manifest, {"app": "demo", "model_version": "v7"}, root, "scored__2",
+                               "wine_quality_pipeline", new)
+    assert plan is None and "trained on generated demo data" in why
