@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 # Rows of the challenger's test split sent to the champion in one request.
 SCORING_BATCH_ROWS = 512
 
+TIE = 1e-6
+"""Metrics closer than this share of their size are a tie: one model's answers as kept in its file
+and as its endpoint gives them differ in the last digits, which must not make it better."""
+
 DEFAULT_MIN_CONFIDENCE = 0.95
 """The share of resamples in which a challenger must beat the champion to be promoted, by default."""
 
@@ -50,7 +54,7 @@ def gate(challenger: float, champion: float | None, metric: str, min_improvement
     lower = direction(metric) == "min"
     gain = champion - challenger if lower else challenger - champion
     verdict = f"challenger {metric} {challenger:.4f} vs champion {champion:.4f} (needs {min_improvement:g} better"
-    promote = gain >= min_improvement and gain > 0
+    promote = gain >= min_improvement and gain > _tie(challenger, champion)
     if min_confidence > 0 and confidence is None:
         verdict += "; the noise was not measured (no answer per test row from the challenger): plain comparison"
     elif min_confidence > 0:
@@ -58,6 +62,10 @@ def gate(challenger: float, champion: float | None, metric: str, min_improvement
                     f"better in {confidence:.1%}")
         promote = promote and confidence >= min_confidence
     return promote, verdict + ")"
+
+
+def _tie(*metrics: float) -> float:
+    return TIE * max(1e-12, *(abs(value) for value in metrics))
 
 
 def _row_values(metric: str, labels: list[float], predictions: list[Any]) -> list[Any]:
@@ -107,7 +115,9 @@ def paired_confidence(metric: str, labels: list[float], challenger: list[Any], c
         raise ValueError(f"paired answers needed: {rows} labels, {len(challenger)} and {len(champion)} answers")
     mine, theirs = _row_values(metric, labels, challenger), _row_values(metric, labels, champion)
     sign = 1.0 if direction(metric) == "min" else -1.0
-    gain = sign * (_aggregate(metric, theirs) - _aggregate(metric, mine))
+    champion_metric = _aggregate(metric, theirs)
+    gain = sign * (champion_metric - _aggregate(metric, mine))
+    margin = min_improvement + _tie(champion_metric)  # beyond the last digits
     draw = min(rows, RESAMPLE_ROWS)
     scale = math.sqrt(draw / rows)
     generator, indexes = random.Random(seed), range(rows)
@@ -116,7 +126,7 @@ def paired_confidence(metric: str, labels: list[float], challenger: list[Any], c
         picked = generator.choices(indexes, k=draw)
         picked = itemgetter(*picked) if draw > 1 else lambda values, row=picked[0]: [values[row]]
         resampled = sign * (_aggregate(metric, picked(theirs)) - _aggregate(metric, picked(mine)))
-        better += gain + (resampled - gain) * scale > min_improvement
+        better += gain + (resampled - gain) * scale > margin
     return better / RESAMPLES
 
 

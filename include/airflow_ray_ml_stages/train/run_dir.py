@@ -52,7 +52,7 @@ def write_split_evaluation(artifact_dir: str, split: str, labels: np.ndarray, pr
 def write_test_predictions(model_dir: str, task: str, labels: np.ndarray, predictions: np.ndarray) -> None:
     """The model's answer to each test row, beside its card (``TEST_PREDICTIONS_NAME``), for the deploy gate."""
     kept = {"task": task, "labels": np.asarray(labels, dtype=np.float64).tolist(),
-            "predictions": np.asarray(predictions, dtype=np.float64).round(7).tolist()}
+            "predictions": np.asarray(predictions, dtype=np.float64).tolist()}
     artifacts.write_bytes_atomic(artifacts.join(model_dir, TEST_PREDICTIONS_NAME),
                                  json.dumps(kept, separators=(",", ":")).encode())
 
