@@ -51,7 +51,7 @@ from airflow_ray_ml.serve_gate import (
 from airflow_ray_ml import serve_approval
 from airflow_ray_ml.serve_history import config_uri, previous_config_uri, run_record_uri, trial_uri
 from airflow_ray_ml.serve_rollout import (
-    POLL_S, Rollout, challenger_deployment, evidence, live_metrics, now_iso, verdict, without_rollout,
+    POLL_S, Rollout, challenger_deployment, evidence, live_metrics, now_iso, seen_stats, verdict, without_rollout,
 )
 from airflow_ray_ml.serve_schema import (
     DEFAULT_ON_SCHEMA_CHANGE, SCHEMA_CHANGE_POLICIES, ModelSchema, schema_change_reason,
@@ -557,9 +557,9 @@ class RayServeDeployOperator(ServeApplicationOperator):
 
     def _record_trial(self, record: dict[str, Any], stats: dict[str, Any]) -> None:
         """Keep what the trial has seen so far for the page; a store that refuses it only costs the page."""
-        seen = {key: value for key, value in stats.items() if key not in ("rows", "classes")}
         try:
-            artifacts.write_json_atomic(trial_uri(self.serving_dir), {**record, "updated_at": now_iso(), "stats": seen})
+            artifacts.write_json_atomic(trial_uri(self.serving_dir),
+                                        {**record, "updated_at": now_iso(), "stats": seen_stats(stats)})
         except Exception as err:
             self.log.warning("Could not keep the trial's progress for the page (%s): %s", trial_uri(self.serving_dir), err)
 

@@ -115,9 +115,9 @@ def paired_confidence(metric: str, labels: list[float], challenger: list[Any], c
         raise ValueError(f"paired answers needed: {rows} labels, {len(challenger)} and {len(champion)} answers")
     mine, theirs = _row_values(metric, labels, challenger), _row_values(metric, labels, champion)
     sign = 1.0 if direction(metric) == "min" else -1.0
-    champion_metric = _aggregate(metric, theirs)
-    gain = sign * (champion_metric - _aggregate(metric, mine))
-    margin = min_improvement + _tie(champion_metric)  # beyond the last digits
+    theirs_whole = _aggregate(metric, theirs)
+    gain = sign * (theirs_whole - _aggregate(metric, mine))
+    margin = min_improvement + _tie(theirs_whole)  # beyond the last digits
     draw = min(rows, RESAMPLE_ROWS)
     scale = math.sqrt(draw / rows)
     generator, indexes = random.Random(seed), range(rows)

@@ -193,13 +193,17 @@ def live_metrics(stats: dict[str, Any], labels: Any, label_column: str, input_co
     return result
 
 
+def seen_stats(stats: dict[str, Any] | None) -> dict[str, Any]:
+    """An endpoint's ``/rollout`` answer without the rows it kept (and their classes): what is recorded of it."""
+    return {key: value for key, value in (stats or {}).items() if key not in ("rows", "classes")}
+
+
 def evidence(rollout: Rollout, stats: dict[str, Any] | None, live: dict[str, Any] | None,
              why: str, started_at: str, ended_at: str) -> dict[str, Any]:
     """What a rollout saw, as the serving history and the page keep it (without the kept rows), and
     when it ran: from the config that started it to its verdict (UTC, ISO 8601 to the millisecond;
     a promotion's config is put after ``ended_at``)."""
-    seen = {key: value for key, value in (stats or {}).items() if key not in ("rows", "classes")}
-    return {**seen, "mode": rollout.mode, "share": rollout.traffic_share, "live": live, "verdict": why,
+    return {**seen_stats(stats), "mode": rollout.mode, "share": rollout.traffic_share, "live": live, "verdict": why,
             "started_at": started_at, "ended_at": ended_at}
 
 

@@ -38,7 +38,7 @@ def running_api_server(log_dir: Path, **settings: str) -> Iterator[str]:
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:
-            _wait_until_healthy(process, base, log_path)
+            wait_until_healthy(process, base, log_path)
             yield base
         finally:
             process.terminate()
@@ -49,8 +49,10 @@ def running_api_server(log_dir: Path, **settings: str) -> Iterator[str]:
                 process.wait()
 
 
-def _wait_until_healthy(process: subprocess.Popen, base: str, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def wait_until_healthy(process: subprocess.Popen, base: str, log_path: Path, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Return once ``base`` answers Airflow's health check; fail, with the log's end, if ``process`` exits
+    first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the api-server exited with {process.returncode}; its log ends:\n"
@@ -61,5 +63,5 @@ def _wait_until_healthy(process: subprocess.Popen, base: str, log_path: Path) ->
         except requests.RequestException:
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"the api-server did not answer within {START_TIMEOUT_S} s; its log ends:\n"
+    raise RuntimeError(f"the api-server did not answer within {timeout_s} s; its log ends:\n"
                        f"{log_path.read_text()[-3000:]}")

@@ -210,6 +210,7 @@ def test_airflow_as_make_run_starts_it_listens_on_loopback_only_and_stops_on_one
     import time
 
     from scripts import localcluster
+    from tests.plugins.api_server import wait_until_healthy
     from tests.test_localcluster import _cmdline, _listening_beyond_loopback, _running
 
     port = localcluster.free_port()
@@ -229,16 +230,7 @@ def test_airflow_as_make_run_starts_it_listens_on_loopback_only_and_stops_on_one
                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert leader.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
+        wait_until_healthy(leader, f"http://127.0.0.1:{port}", log_path, timeout_s=240)  # migrated, then started
         session = localcluster.session_pids(leader.pid)
         commands = [_cmdline(pid) for pid in session]
         for component in ("api-server", "scheduler", "dag-processor", "triggerer"):  # by command or process title

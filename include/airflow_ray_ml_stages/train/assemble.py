@@ -39,14 +39,14 @@ def run_assembly(spec: TrainSpec, started: float) -> TrainResult:
     ensemble_card(spec, listed, metrics={}).write(model_dir)
     model = load_model(model_dir)
     fit_started = time.monotonic()
-    metrics, test_labels = {}, None
+    metrics, evaluated = {}, {}
     for split, uri in (("validation", spec.validation_uri), ("test", spec.test_uri)):
         x, y = read_split(uri, list(spec.feature_columns), spec.label_column)
-        predicted = model.predict(x)
-        write_split_evaluation(spec.artifact_dir, split, y, predicted)
-        metrics[split] = task_metrics(spec.task, y, predicted)
-        test_labels = y
-    write_test_predictions(model_dir, spec.task, test_labels, predicted)
+        evaluated[split] = y, model.predict(x)
+        write_split_evaluation(spec.artifact_dir, split, *evaluated[split])
+        metrics[split] = task_metrics(spec.task, *evaluated[split])
+    test_labels, test_predictions = evaluated["test"]
+    write_test_predictions(model_dir, spec.task, test_labels, test_predictions)
     baseline = baseline_metrics(test_labels, label_mean, class_priors)
     reason = f"an ensemble of {len(listed)} trained models: assembled from their directories, nothing trains"
     compute_used = {"use_gpu": False, "accelerator": "cpu", "device": "cpu", "num_workers": 0, "local_mode": True,

@@ -63,11 +63,9 @@ def finish(spec: TrainSpec, compute: ComputeSpec, loop_config: TrainLoopConfig, 
     final = read_final(spec.artifact_dir)
 
     task = spec.task
-    metrics = {}
-    for split in ("validation", "test"):
-        labels, predictions = read_evaluation(spec.artifact_dir, split)
-        metrics[split] = task_metrics(task, labels, predictions)
-    test_labels, test_predictions = labels, predictions
+    evaluated = {split: read_evaluation(spec.artifact_dir, split) for split in ("validation", "test")}
+    metrics = {split: task_metrics(task, labels, predictions) for split, (labels, predictions) in evaluated.items()}
+    test_labels, test_predictions = evaluated["test"]
     write_test_predictions(model_dir, task, test_labels, test_predictions)
     baseline = baseline_metrics(test_labels, label_mean, loop_config.class_priors)
     worker_records = [artifacts.read_json(f"{uri}") for uri in worker_record_uris(spec.artifact_dir)]
