@@ -20,7 +20,7 @@ import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -216,6 +216,16 @@ def _is_transient_submit(state: tenacity.RetryCallState) -> bool:
 
 def _tries(count: int) -> str:
     return "1 try" if count == 1 else f"{count} tries"
+
+
+
+@lru_cache(maxsize=4)
+def _tls_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """The verifying TLS context of this process's async calls, for the CAs httpx trusts
+    (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` where set, else certifi's), made once: loading them takes
+    tens of milliseconds of CPU, which a new client per call paid on every job-status poll, even to
+    an ``http://`` dashboard."""
+    return httpx.create_ssl_context(verify=True)
 
 
 class RayHook(BaseHook):
@@ -515,8 +525,9 @@ class RayHook(BaseHook):
 
         async def send() -> httpx.Response:
             # A client per call: triggers call rarely (see a_tail_job_logs), and a client is bound
-            # to the event loop that made it.
-            async with httpx.AsyncClient(verify=self.verify_tls, timeout=self.timeout_s) as client:
+            # to the event loop that made it; the TLS context is the process's one.
+            verify = _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if self.verify_tls else False
+            async with httpx.AsyncClient(verify=verify, timeout=self.timeout_s) as client:
                 return await client.request(method, url, headers=headers, **kwargs)
 
         started = time.monotonic()

@@ -7,6 +7,7 @@ self-signed certificate made here: the connection's ``verify_tls`` decides wheth
 from __future__ import annotations
 
 import ast
+import asyncio
 import datetime
 import ipaddress
 import json
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ray_ml.errors import RayOperatorError, RayTLSError, ServeUnreachableError
-from airflow_ray_ml.hooks.ray import RayHook
+from airflow_ray_ml.errors import RayClusterUnreachableError, RayOperatorError, RayTLSError, ServeUnreachableError
+from airflow_ray_ml.hooks.ray import RayHook, _tls_context
 from airflow_ray_ml.serve_gate import champion_metric
 from airflow_ray_ml.serve_schema import ModelSchema
 from scripts.localcluster import free_port
@@ -151,6 +152,27 @@ def test_endpoint_calls_self_signed_verify_tls_off_answered(monkeypatch, https_e
     assert [headers.get("x-api-key") for headers in _ModelServer.seen_headers] == [API_KEY] * 3
     assert not any("authorization" in headers for headers in _ModelServer.seen_headers)
 
+
+
+def test_async_calls_verify_against_the_cas_trusted_when_each_is_made(monkeypatch, https_endpoint):
+    """The async calls (a trigger's job polls) make their TLS context once per CA bundle, not once a
+    call, and still verify against the bundle trusted at the time (httpx's SSL_CERT_FILE)."""
+    base, cert_file = https_endpoint
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_TLS_ASYNC", json.dumps({"conn_type": "ray_ml", "extra": {
+        "dashboard_url": base, "verify_tls": "true"}}))
+    hook = RayHook("ray_tls_async", timeout_s=10)
+
+    def health() -> int:
+        return asyncio.run(hook.a_request("GET", f"{PREFIX}/health", headers={"X-API-Key": API_KEY})).status_code
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    with pytest.raises(RayClusterUnreachableError):
+        health()
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
+    calls_before = _tls_context.cache_info()
+    assert [health(), health()] == [200, 200]
+    assert _tls_context.cache_info().misses <= calls_before.misses + 1  # one context for both calls
 
 def test_endpoint_call_verify_tls_on_with_the_certificate_trusted_answered(monkeypatch, https_endpoint):
     """Verification on is verification, not refusal: a certificate the CA bundle holds is accepted."""
