@@ -28,6 +28,7 @@ of its own names and deletes them when its module ends (``serve_apps_deleted_aft
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -218,6 +219,11 @@ def load_dag(dag_id: str, folder: Path = ROOT / "tests" / "dag_fixtures"):
 
 
 def _cuda_usable() -> bool:
+    """Whether CUDA can use a GPU here. With no NVIDIA device node (nor WSL's GPU device) it cannot,
+    and torch is not imported: 1.5 CPU-s in every process that imports this module (each pytest
+    worker and each child a test starts)."""
+    if not any(glob.glob(pattern) for pattern in ("/dev/nvidia[0-9]*", "/dev/dxg")):
+        return False
     try:
         import torch
     except ImportError:
