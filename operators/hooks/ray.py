@@ -34,7 +34,9 @@ from airflow_ray_ml.errors import (
     RayAuthError, RayClusterUnreachableError, RayConnectionSettingError, RayOperatorError, RayTLSError,
     ServeUnreachableError,
 )
-from airflow_ray_ml.hooks.retry import TRANSIENT_STATUSES, RetryPolicy, is_idempotent, is_transient, is_transient_error
+from airflow_ray_ml.hooks.retry import (
+    TRANSIENT_STATUSES, RetryPolicy, is_idempotent, is_tls_failure, is_transient, is_transient_error,
+)
 from airflow_ray_ml.job_status import RayJobStatus
 from airflow_ray_ml_stages import artifacts
 from airflow_ray_ml_stages.capacity import Capacity
@@ -220,12 +222,26 @@ def _tries(count: int) -> str:
 
 
 @lru_cache(maxsize=4)
-def _tls_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
-    """The verifying TLS context of this process's async calls, for the CAs httpx trusts
-    (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` where set, else certifi's), made once: loading them takes
-    tens of milliseconds of CPU, which a new client per call paid on every job-status poll, even to
-    an ``http://`` dashboard."""
+def _tls_context(bundle: str | None, cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """The verifying TLS context of this process's async calls, made once per CA bundle: loading the
+    CAs takes tens of milliseconds of CPU, which a new client per call paid on every job-status
+    poll, even to an ``http://`` dashboard.
+
+    It trusts what the sync calls (requests) trust, so a trigger verifies as its task did:
+    ``REQUESTS_CA_BUNDLE`` (or ``CURL_CA_BUNDLE``), a file or a directory; without either, httpx's
+    own choice (``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else certifi's bundle)."""
+    if bundle:
+        return ssl.create_default_context(**{"capath" if os.path.isdir(bundle) else "cafile": bundle})
     return httpx.create_ssl_context(verify=True)
+
+
+def _async_verify(verify_tls: bool) -> ssl.SSLContext | bool:
+    """httpx's ``verify`` for the connection's ``verify_tls``: the CAs trusted now, or no verification."""
+    if not verify_tls:
+        return False
+    environ = os.environ
+    return _tls_context(environ.get("REQUESTS_CA_BUNDLE") or environ.get("CURL_CA_BUNDLE"),
+                        environ.get("SSL_CERT_FILE"), environ.get("SSL_CERT_DIR"))
 
 
 class RayHook(BaseHook):
@@ -526,8 +542,7 @@ class RayHook(BaseHook):
         async def send() -> httpx.Response:
             # A client per call: triggers call rarely (see a_tail_job_logs), and a client is bound
             # to the event loop that made it; the TLS context is the process's one.
-            verify = _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")) if self.verify_tls else False
-            async with httpx.AsyncClient(verify=verify, timeout=self.timeout_s) as client:
+            async with httpx.AsyncClient(verify=_async_verify(self.verify_tls), timeout=self.timeout_s) as client:
                 return await client.request(method, url, headers=headers, **kwargs)
 
         started = time.monotonic()
@@ -539,6 +554,8 @@ class RayHook(BaseHook):
         except tenacity.RetryError as exhausted:
             raise self._exhausted(method, path, exhausted.last_attempt, started) from None
         except httpx.HTTPError as err:
+            if is_tls_failure(err):
+                raise RayTLSError(self.tls_message(url, err)) from None
             raise RayClusterUnreachableError(self.unreachable_message(type(err).__name__)) from None
         return self.check_response(response)
 
@@ -791,7 +808,7 @@ class RayHook(BaseHook):
                 # No total limit: the stream lives as long as the job; only connecting is bounded.
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s),
             ) as session, session.ws_connect(
-                f"{self.dashboard_url}{path}", ssl=self.verify_tls,
+                f"{self.dashboard_url}{path}", ssl=_async_verify(self.verify_tls),
                 heartbeat=LOG_STREAM_HEARTBEAT_S, timeout=_ws_close_timeout(aiohttp),
             ) as stream:
                 async for message in stream:

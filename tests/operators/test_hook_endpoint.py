@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ray_ml.errors import RayClusterUnreachableError, RayOperatorError, RayTLSError, ServeUnreachableError
+from airflow_ray_ml.errors import RayOperatorError, RayTLSError, ServeUnreachableError
 from airflow_ray_ml.hooks.ray import RayHook, _tls_context
 from airflow_ray_ml.serve_gate import champion_metric
 from airflow_ray_ml.serve_schema import ModelSchema
@@ -153,10 +153,10 @@ def test_endpoint_calls_self_signed_verify_tls_off_answered(monkeypatch, https_e
     assert not any("authorization" in headers for headers in _ModelServer.seen_headers)
 
 
-
-def test_async_calls_verify_against_the_cas_trusted_when_each_is_made(monkeypatch, https_endpoint):
-    """The async calls (a trigger's job polls) make their TLS context once per CA bundle, not once a
-    call, and still verify against the bundle trusted at the time (httpx's SSL_CERT_FILE)."""
+def test_async_calls_verify_as_the_sync_calls_do_with_one_tls_context_per_ca_bundle(monkeypatch, https_endpoint):
+    """The async calls (a trigger's job polls) trust what the sync ones trust (REQUESTS_CA_BUNDLE, as
+    the TLS error says), refuse an untrusted certificate with the same error, and make their TLS
+    context once per CA bundle instead of once a call."""
     base, cert_file = https_endpoint
     monkeypatch.setenv("AIRFLOW_CONN_RAY_TLS_ASYNC", json.dumps({"conn_type": "ray_ml", "extra": {
         "dashboard_url": base, "verify_tls": "true"}}))
@@ -165,14 +165,16 @@ def test_async_calls_verify_against_the_cas_trusted_when_each_is_made(monkeypatc
     def health() -> int:
         return asyncio.run(hook.a_request("GET", f"{PREFIX}/health", headers={"X-API-Key": API_KEY})).status_code
 
-    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
-    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
-    with pytest.raises(RayClusterUnreachableError):
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RayTLSError) as caught:
         health()
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
-    calls_before = _tls_context.cache_info()
+    assert "certificate verify failed" in str(caught.value) and "connection 'ray_tls_async'" in str(caught.value)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert_file))
+    made = _tls_context.cache_info().misses
     assert [health(), health()] == [200, 200]
-    assert _tls_context.cache_info().misses <= calls_before.misses + 1  # one context for both calls
+    assert _tls_context.cache_info().misses == made + 1
+
 
 def test_endpoint_call_verify_tls_on_with_the_certificate_trusted_answered(monkeypatch, https_endpoint):
     """Verification on is verification, not refusal: a certificate the CA bundle holds is accepted."""
