@@ -220,7 +220,6 @@ def _tries(count: int) -> str:
     return "1 try" if count == 1 else f"{count} tries"
 
 
-
 @lru_cache(maxsize=4)
 def _tls_context(bundle: str | None, cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
     """The verifying TLS context of this process's async calls, made once per CA bundle: loading the
