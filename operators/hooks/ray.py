@@ -226,12 +226,15 @@ def _tls_context(bundle: str | None, cert_file: str | None, cert_dir: str | None
     CAs takes tens of milliseconds of CPU, which a new client per call paid on every job-status
     poll, even to an ``http://`` dashboard.
 
-    It trusts what the sync calls (requests) trust, so a trigger verifies as its task did:
-    ``REQUESTS_CA_BUNDLE`` (or ``CURL_CA_BUNDLE``), a file or a directory; without either, httpx's
-    own choice (``SSL_CERT_FILE`` / ``SSL_CERT_DIR``, else certifi's bundle)."""
+    It trusts what the sync calls (requests) trust, so a trigger verifies as its task did: ``bundle``
+    (``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE``), a file or a directory; without it, what httpx
+    would read (``cert_file``, else ``cert_dir``: ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), else
+    certifi's bundle."""
     if bundle:
         return ssl.create_default_context(**{"capath" if os.path.isdir(bundle) else "cafile": bundle})
-    return httpx.create_ssl_context(verify=True)
+    if cert_file or cert_dir:
+        return ssl.create_default_context(**({"cafile": cert_file} if cert_file else {"capath": cert_dir}))
+    return httpx.create_ssl_context(verify=True, trust_env=False)
 
 
 def _async_verify(verify_tls: bool) -> ssl.SSLContext | bool:
